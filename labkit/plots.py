@@ -1,0 +1,13 @@
+"""The figures the chapters and the book show.
+
+Each function takes plain data, draws on a new matplotlib figure and returns it;
+the notebook calls `plt.show()`.  Shared by every chapter: add functions, in
+chapter order, without rewriting the others.
+"""
+
+from __future__ import annotations
+
+import matplotlib
+
+matplotlib.use("Agg") if matplotlib.get_backend().lower() == "agg" else None
+import matplotlib.pyplot as plt  # noqa: E402
