@@ -7,7 +7,4 @@ chapter order, without rewriting the others.
 
 from __future__ import annotations
 
-import matplotlib
-
-matplotlib.use("Agg") if matplotlib.get_backend().lower() == "agg" else None
-import matplotlib.pyplot as plt  # noqa: E402
+import matplotlib.pyplot as plt
