@@ -29,6 +29,20 @@ def cmd_data(args: argparse.Namespace) -> int:
     return 0
 
 
+BENCHMARKS = {
+    "kl": "blocked exact KL against a naive log_softmax + kl_div (time and memory ratios)",
+    "sampling": "fast KV-cache sampler against the reference sampler on one GRPO iteration",
+}
+
+
+def cmd_bench(args: argparse.Namespace) -> int:
+    """Run one benchmark; each prints its ratios, measured in one process."""
+    import importlib
+
+    module = importlib.import_module(f"labkit.bench.{args.name}")
+    return module.main(args.rest)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="python -m labkit",
@@ -43,6 +57,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=DEFAULT_SEED, help="generation seed (default: %(default)s)")
     p.add_argument("--check", action="store_true", help="only check that the committed files reproduce byte for byte")
     p.set_defaults(func=cmd_data)
+
+    p = sub.add_parser("bench", help="run a benchmark that prints ratios measured in one process")
+    p.add_argument("name", choices=sorted(BENCHMARKS), help="; ".join(f"{k}: {v}" for k, v in BENCHMARKS.items()))
+    p.add_argument("rest", nargs=argparse.REMAINDER, help="arguments passed to the benchmark")
+    p.set_defaults(func=cmd_bench)
+
+    # Further sub-commands are added below, one block each, in protocol order.
     return parser
 
 
