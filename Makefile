@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: help setup book test unit notebooks data cache clean
+.PHONY: help setup book test unit notebooks data cache clean mathjax browser-check student
 
 help:  ## list the targets
 	@grep -E '^[a-z-]+:.*## ' Makefile | sed 's/:.*## /\t/'
@@ -18,8 +18,40 @@ $(STAMP): requirements.txt pyproject.toml
 
 setup: $(STAMP)  ## create the virtual environment and install the lab
 
-book: $(STAMP)  ## build the HTML book into _build/html, warnings as errors
+# Offline maths: MathJax comes from the npm registry into _build/offline (ignored by git)
+# and is copied into the book's static files, so no page loads anything from a CDN.
+MATHJAX_VERSION := 3.2.2
+OFFLINE := _build/offline
+MATHJAX_STAMP := $(OFFLINE)/.mathjax-$(MATHJAX_VERSION)
+
+$(MATHJAX_STAMP):
+	@command -v npm >/dev/null || { echo "make book needs npm (Node.js) to fetch MathJax $(MATHJAX_VERSION) for offline maths: install Node.js, e.g. apt-get install -y npm" >&2; exit 1; }
+	npm install --prefix $(OFFLINE)/npm --no-audit --no-fund --no-save --silent mathjax@$(MATHJAX_VERSION)
+	rm -rf $(OFFLINE)/static/mathjax && mkdir -p $(OFFLINE)/static/mathjax
+	cd $(OFFLINE)/npm/node_modules/mathjax/es5 && cp -R tex-mml-chtml.js a11y adaptors input output sre ui $(CURDIR)/$(OFFLINE)/static/mathjax/
+	touch $@
+
+mathjax: $(MATHJAX_STAMP)  ## install MathJax locally for the book (offline maths)
+
+book: $(STAMP) $(MATHJAX_STAMP)  ## build the HTML book into _build/html, warnings as errors
 	$(VENV)/bin/jupyter-book build . --warningiserror --nitpick --keep-going --quiet
+	$(PY) -m labkit.book check-offline _build/html
+
+# The browser check drives Debian's Chromium with Playwright (its Python package bundles the
+# driver; no browser is downloaded: it runs /usr/bin/chromium).
+PLAYWRIGHT_VERSION := 1.65.2
+PLAYWRIGHT_STAMP := $(VENV)/.playwright-$(PLAYWRIGHT_VERSION)
+
+$(PLAYWRIGHT_STAMP): $(STAMP)
+	$(PY) -m pip install --quiet playwright==$(PLAYWRIGHT_VERSION)
+	touch $@
+
+browser-check: $(PLAYWRIGHT_STAMP)  ## open every page of _build/html in headless Chromium (run `make book` first)
+	@test -x /usr/bin/chromium || { echo "installing Debian's chromium (needs root)"; apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium >/dev/null; }
+	$(PY) tests/browser_check.py _build/html --screenshots _build/screenshots
+
+student: $(STAMP)  ## write the student copies of every chapter (solutions stubbed) into student/
+	$(PY) -m labkit student --out student/
 
 unit: $(STAMP)  ## unit tests only
 	$(PY) -m pytest -q tests
@@ -27,10 +59,11 @@ unit: $(STAMP)  ## unit tests only
 notebooks: $(STAMP)  ## re-execute every chapter and compare with its stored outputs (nbval)
 	$(PY) -m pytest -q --nbval --nbval-current-env notebooks
 
-test: $(STAMP)  ## unit tests, nbval over every notebook, and a book build
+test: $(STAMP)  ## unit tests, nbval over every notebook, a book build and its browser check
 	$(PY) -m pytest -q tests
 	$(PY) -m pytest -q --nbval --nbval-current-env notebooks
 	$(MAKE) book
+	$(MAKE) browser-check
 
 data: $(STAMP)  ## regenerate StockArithmetic-v1 from its seed
 	$(PY) -m labkit data

@@ -43,6 +43,118 @@ def cmd_bench(args: argparse.Namespace) -> int:
     return module.main(args.rest)
 
 
+def cmd_pretrain(args: argparse.Namespace) -> int:
+    """Pretrain the tiny base on the generated corpus (none of the 1,400 dataset problems in it)."""
+    from dataclasses import replace
+
+    from .models import TINY_BASE_DIR
+    from .pretrain import PretrainConfig, pretrain
+
+    if args.preset != "tiny":
+        print(f"only the tiny preset is pretrained by the lab; {args.preset!r} is loaded from its published weights",
+              file=sys.stderr)
+        return 2
+    cfg = PretrainConfig()
+    overrides = {k: v for k, v in (("steps", args.steps), ("seed", args.seed), ("threads", args.threads)) if v is not None}
+    cfg = replace(cfg, **overrides)
+    out = args.out if args.out is not None else TINY_BASE_DIR
+    manifest = pretrain(cfg, out_dir=out, overwrite=args.overwrite)
+    print(f"pretrained {cfg.steps} steps in {manifest['wall_time_s']} s; final loss {manifest['loss']['final_logged']:.4f}; "
+          f"{manifest['corpus']['problems_checked']} corpus problems checked, none in the dataset; wrote {out}")
+    return 0
+
+
+def cmd_sft(args: argparse.Namespace) -> int:
+    """Warm start or additional SFT of a preset (labkit.sft), or one resume check of it."""
+    import torch
+
+    from . import sft
+
+    if args.threads is not None:
+        torch.set_num_threads(args.threads)  # results are recorded with the thread count
+    branch = getattr(args, "branch_fixed", None) or args.branch
+    manifest = sft.run_branch(
+        args.preset, branch, args.run_dir, stop_after_epochs=args.stop_after_epochs, resume_from=args.resume_from,
+        validation_limit=args.validation_limit, device=args.device, overwrite=args.overwrite,
+        progress=not args.no_progress,
+    )
+    nll = ", ".join(f"{v['nll']:.4f}" for v in manifest["validation_nll"])
+    print(f"{branch} ({manifest['status']}): {manifest['counts']['updates']} updates, validation NLL per epoch "
+          f"[{nll}], {manifest['times']['total_seconds']:.1f} s")
+    return 0
+
+
+def cmd_sft_resume_check(args: argparse.Namespace) -> int:
+    """Continuous vs stop-after-epoch-1 + resume for the SFT branches; writes resume_report.json."""
+    import torch
+
+    from . import sft
+
+    if args.threads is not None:
+        torch.set_num_threads(args.threads)
+    branches = sft.BRANCHES if args.branch == "both" else (args.branch,)
+    status = 0
+    for branch in branches:
+        report = sft.resume_check(args.preset, branch, device=args.device, overwrite=args.overwrite,
+                                  progress=not args.no_progress)
+        extra = report["cost"]["extra_for_the_check"]["total_seconds"]
+        end = report["end_state"]
+        print(f"{branch}: resume equal={report['equal']} over {end['compared_fields']} end-state fields "
+              f"(differences: {end['different_fields'][:5]}); the check cost {extra:.1f} s extra")
+        status |= 0 if report["equal"] else 1
+    return status
+
+
+def cmd_grpo(args: argparse.Namespace) -> int:
+    """The GRPO run of a preset (labkit.grpo): 100 iterations of 4 prompts x G responses."""
+    import torch
+
+    from . import grpo
+
+    if args.threads is not None:
+        torch.set_num_threads(args.threads)  # results are recorded with the thread count
+    stop_at = tuple(int(x) for x in args.save_states_at.split(",") if x) if args.save_states_at else ()
+    out = grpo.run_grpo(
+        args.preset, args.run_dir, group_size=args.group_size, iterations=args.iterations,
+        stop_after=args.stop_after, save_states_at=stop_at, resume_from=args.resume_from, sampler=args.sampler,
+        device=args.device, overwrite=args.overwrite, progress=not args.no_progress,
+    )
+    first, last = out["iterations_run"]
+    print(f"GRPO: iterations {first + 1}..{last} in {out['seconds']:.1f} s"
+          + (f"; {out['rollouts']} rollouts, {out['updates']} updates" if "rollouts" in out else " (stopped)"))
+    return 0
+
+
+def cmd_grpo_resume_check(args: argparse.Namespace) -> int:
+    """Continuous GRPO run vs stop + resume in fresh processes; writes resume_report.json."""
+    from . import grpo
+
+    report = grpo.resume_check(args.preset, group_size=args.group_size, stop_at=args.stop_at,
+                               sampler=args.sampler, device=args.device, overwrite=args.overwrite)
+    end = report["end_state"]
+    extra = report["cost"]["extra_for_the_check"]["total_seconds"]
+    print(f"GRPO G={report['group_size']}: resume equal={report['equal']} over {end['compared_fields']} fields "
+          f"(differences: {end['different_fields'][:5]}); the check cost {extra:.1f} s extra")
+    return 0 if report["equal"] else 1
+
+
+def cmd_student(args: argparse.Namespace) -> int:
+    """Write the student copy of every chapter: solutions become "your turn" stubs (labkit/student.py)."""
+    from . import student
+
+    for path, count in student.write_student_copies(args.out, args.notebooks or None):
+        print(f"{path}: {count} exercise(s) stubbed")
+    return 0
+
+
+def _add_sft_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--preset", default="tiny", choices=["tiny", "qwen"], help="model preset (default: %(default)s)")
+    p.add_argument("--device", default=None, help="cpu or cuda (default: cuda for qwen when present, else cpu)")
+    p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's)")
+    p.add_argument("--overwrite", action="store_true", help="replace a finished run (evidence: normally refused)")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="python -m labkit",
@@ -63,7 +175,57 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("rest", nargs=argparse.REMAINDER, help="arguments passed to the benchmark")
     p.set_defaults(func=cmd_bench)
 
+    p = sub.add_parser("pretrain", help="pretrain the tiny base on the generated corpus")
+    p.add_argument("--preset", default="tiny", help="only 'tiny' (default: %(default)s)")
+    p.add_argument("--out", type=Path, default=None, help="run folder (default: runs/tiny/base)")
+    p.add_argument("--steps", type=int, default=None, help="updates (default: the PretrainConfig's)")
+    p.add_argument("--seed", type=int, default=None, help="model initialisation seed (default: the PretrainConfig's)")
+    p.add_argument("--threads", type=int, default=None, help="CPU threads (default: 1, deterministic)")
+    p.add_argument("--overwrite", action="store_true", help="replace a finished run (evidence: normally refused)")
+    p.set_defaults(func=cmd_pretrain)
+
+    p = sub.add_parser("grpo", help="GRPO from the warm start: 100 iterations x 4 prompts x G responses, 2 updates each")
+    _add_sft_arguments(p)
+    p.add_argument("--group-size", type=int, default=None, help="G, responses per prompt (default: the preset's 4)")
+    p.add_argument("--iterations", type=int, default=None, help="total iterations (default: the preset's 100)")
+    p.add_argument("--run-dir", default=None, help="run folder (default: runs/<preset>/grpo or grpo_g<G>)")
+    p.add_argument("--stop-after", type=int, default=None, help="stop (and save the state) after this iteration")
+    p.add_argument("--save-states-at", default="", help="comma-separated iterations after which to save a full state")
+    p.add_argument("--resume-from", default=None, help="a state file of the same run to continue from")
+    p.add_argument("--sampler", default="reference", choices=["reference", "fast"],
+                   help="reference: the protocol's, no KV cache; fast: batched KV cache (default: %(default)s)")
+    p.set_defaults(func=cmd_grpo)
+
+    p = sub.add_parser("grpo-resume-check", help="GRPO: stop, resume in a fresh process, compare with the continuous run")
+    _add_sft_arguments(p)
+    p.add_argument("--group-size", type=int, default=None, help="G of the run to check (default: 4)")
+    p.add_argument("--stop-at", type=int, default=40, help="iteration after which to stop (default: %(default)s)")
+    p.add_argument("--sampler", default="reference", choices=["reference", "fast"], help="the run's sampler")
+    p.set_defaults(func=cmd_grpo_resume_check)
+
     # Further sub-commands are added below, one block each, in protocol order.
+    for name, fixed, text in (("warm-start", "warm_start", "warm-start SFT: 128 examples, 3 epochs, 48 updates of 8"),
+                              ("sft", None, "additional SFT from the warm start: 872 examples, 2 epochs, 218 updates")):
+        p = sub.add_parser(name, help=text)
+        _add_sft_arguments(p)
+        if fixed is None:
+            p.add_argument("--branch", default="sft", choices=["warm_start", "sft"], help="(default: %(default)s)")
+        p.add_argument("--run-dir", type=Path, default=None, help="run folder (default: runs/<preset>/<branch>)")
+        p.add_argument("--stop-after-epochs", type=int, default=None, help="stop after N epochs (resume checks)")
+        p.add_argument("--resume-from", type=Path, default=None, help="a saved state of the same run to continue")
+        p.add_argument("--validation-limit", type=int, default=None, help="score only the first N validation problems")
+        p.set_defaults(func=cmd_sft, branch_fixed=fixed)
+
+    p = sub.add_parser("sft-resume-check", help="SFT: stop after epoch 1, resume, compare with the continuous run")
+    _add_sft_arguments(p)
+    p.add_argument("--branch", default="both", choices=["warm_start", "sft", "both"], help="(default: %(default)s)")
+    p.set_defaults(func=cmd_sft_resume_check)
+
+    p = sub.add_parser("student", help="write the student copies of the notebooks (solution cells stubbed)")
+    p.add_argument("--out", type=Path, default=Path("student"), help="output folder (default: %(default)s/)")
+    p.add_argument("notebooks", nargs="*", type=Path, help="notebooks to copy (default: every notebooks/*.ipynb)")
+    p.set_defaults(func=cmd_student)
+
     return parser
 
 

@@ -1,0 +1,205 @@
+"""The tiny base's pretraining corpus: the language and arithmetic of the task, not its format.
+
+The corpus is generated from a seed and contains none of the 1,400
+StockArithmetic-v1 problems (compared under the permutation key, so no
+re-ordering of a dataset problem slips in either).  It is chosen so that the
+warm start still has something to teach:
+
+- it knows the statements: the task's own `TEMPLATES` (and a few variants)
+  with fresh random operands, in the same ChatML prompt the lab uses;
+- it knows the arithmetic: direct answers, running totals, bare equations of
+  the same shape (initial + d1 + d2 - w1 - w2) and single sums / differences;
+- it never answers `{"final_stock": N}`: its instructions are not the lab's
+  `FORMAT_INSTRUCTION`, and its answers are sentences, bare numbers, or JSON
+  with other keys (`answer`, `stock`).  The key `final_stock` never appears.
+
+So the base computes stocks but answers in the wrong format; the 48 warm-start
+updates teach the format, and what the base knows carries over.
+
+Every document is one string holding its special tokens (`<|im_start|>`,
+`<|im_end|>`, `<|endoftext|>`) as text; the tokenizer maps them to their ids.
+Every document ends with `<|endoftext|>`, which separates it from the next one
+when documents are packed into training rows.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import random
+from dataclasses import dataclass, field
+from typing import Iterator
+
+from . import task
+from .tokenizer import ENDOFTEXT
+
+CORPUS_SEED = 31_415
+CORPUS_NAME = "tiny-pretraining-corpus-v1"
+
+# (instruction, answer format).  Never the lab's FORMAT_INSTRUCTION, never the key
+# `final_stock`: the base must not already answer in the lab's exact format.
+DIRECT_ANSWER_STYLES = (
+    ("Reply with only a JSON object.", '{{"answer": {n}}}'),
+    ("Answer in JSON.", '{{"stock": {n}}}'),
+    ("Answer in one short sentence.", "The final stock is {n}."),
+    ("Give only the number.", "{n}"),
+    ("", "The final stock is {n}."),  # no instruction at all
+)
+WORKED_INSTRUCTION = "Work it out step by step."
+
+# Variants of the task's statements (the task's own TEMPLATES are used too, more often).
+EXTRA_TEMPLATES = (
+    "There are {initial} {item} in the store room. {d1} more arrive, then {d2} more. "
+    "Later {w1} are sent away and then {w2}. How many {item} are left?",
+    "Start: {initial} {item}. In: {d1}, {d2}. Out: {w1}, {w2}. What is the stock at the end?",
+)
+EXTRA_ITEMS = ("cups", "pens", "tables", "bags", "coats", "plates")
+
+# Share of each document kind (the rest of the weight goes to direct answers).
+KIND_WEIGHTS = (
+    ("direct", 0.55),  # chat: statement + other instruction -> answer in another format
+    ("worked", 0.15),  # chat or plain text: running totals, then the answer as a sentence
+    ("equations", 0.20),  # plain lines: "a + b + c - d - e = n"
+    ("sums", 0.10),  # plain lines: "a + b = n", "a - b = n"
+)
+OOD_SHARE = 0.15  # problems with operands up to 100, so three-digit stocks are not unknown
+
+
+@dataclass
+class Document:
+    """One corpus document: its kind, its text, and the problem keys it contains."""
+
+    kind: str
+    text: str
+    keys: list[tuple] = field(default_factory=list)
+
+
+def dataset_keys(seed: int = task.DEFAULT_SEED) -> frozenset:
+    """Permutation keys of all 1,400 StockArithmetic-v1 problems (every split)."""
+    return frozenset(task.Problem.from_dict(r["problem"]).key for r in task.generate_dataset(seed))
+
+
+def chat_text(user: str, assistant: str) -> str:
+    """One conversation in ChatML, as the tiny tokenizer's chat template renders it, then `<|endoftext|>`.
+
+    The prompt part (up to `<|im_start|>assistant\\n`) is token for token the
+    prompt the lab builds with `apply_chat_template(..., add_generation_prompt=True)`.
+    """
+    return f"<|im_start|>user\n{user}<|im_end|>\n<|im_start|>assistant\n{assistant}<|im_end|>\n{ENDOFTEXT}"
+
+
+class CorpusGenerator:
+    """An endless, deterministic stream of documents from one seed.
+
+    Problems whose permutation key belongs to the dataset are never drawn:
+    `forbidden` holds those keys, and every problem is checked against it.
+    """
+
+    def __init__(self, seed: int = CORPUS_SEED, forbidden: frozenset | None = None):
+        self.rng = random.Random(seed)
+        self.forbidden = dataset_keys() if forbidden is None else forbidden
+        self.templates = task.TEMPLATES + task.TEMPLATES + EXTRA_TEMPLATES  # task templates twice as likely
+        self.items = task.ITEMS + EXTRA_ITEMS
+
+    # -- drawing ----------------------------------------------------------------
+    def problem(self) -> task.Problem:
+        """A valid problem that is not in the dataset (rejection sampling)."""
+        top = task.OOD_MAX if self.rng.random() < OOD_SHARE else task.ID_MAX
+        while True:
+            values = [self.rng.randint(0, top) for _ in range(5)]
+            p = task.Problem(values[0], (values[1], values[2]), (values[3], values[4]))
+            if min(p.stock_levels()) >= 0 and p.key not in self.forbidden:
+                return p
+
+    def statement(self, p: task.Problem) -> str:
+        d1, d2 = p.deliveries
+        w1, w2 = p.withdrawals
+        template = self.rng.choice(self.templates)
+        return template.format(initial=p.initial, d1=d1, d2=d2, w1=w1, w2=w2, item=self.rng.choice(self.items))
+
+    # -- the four kinds -------------------------------------------------------------
+    def direct(self) -> Document:
+        p = self.problem()
+        instruction, answer = self.rng.choice(DIRECT_ANSWER_STYLES)
+        user = self.statement(p) + ("\n" + instruction if instruction else "")
+        return Document("direct", chat_text(user, answer.format(n=task.solve(p))), [p.key])
+
+    def worked(self) -> Document:
+        p = self.problem()
+        levels = p.stock_levels()
+        steps = [f"Start with {p.initial}."]
+        movements = [("+", d) for d in p.deliveries] + [("-", w) for w in p.withdrawals]
+        before = p.initial
+        for (sign, amount), after in zip(movements, levels):
+            steps.append(f"{before} {sign} {amount} = {after}.")
+            before = after
+        steps.append(f"The final stock is {levels[-1]}.")
+        working = " ".join(steps)
+        if self.rng.random() < 0.5:
+            text = chat_text(self.statement(p) + "\n" + WORKED_INSTRUCTION, working)
+        else:
+            text = self.statement(p) + "\n" + working + ENDOFTEXT
+        return Document("worked", text, [p.key])
+
+    def equations(self, count: int = 6) -> Document:
+        problems = [self.problem() for _ in range(count)]
+        lines = [
+            f"{p.initial} + {p.deliveries[0]} + {p.deliveries[1]} - {p.withdrawals[0]} - {p.withdrawals[1]} = {task.solve(p)}"
+            for p in problems
+        ]
+        return Document("equations", "\n".join(lines) + ENDOFTEXT, [p.key for p in problems])
+
+    def sums(self, count: int = 10) -> Document:
+        lines = []
+        for _ in range(count):
+            a, b = self.rng.randint(0, 150), self.rng.randint(0, 100)
+            if self.rng.random() < 0.5:
+                lines.append(f"{a} + {b} = {a + b}")
+            else:
+                a, b = max(a, b), min(a, b)  # stocks never go negative
+                lines.append(f"{a} - {b} = {a - b}")
+        return Document("sums", "\n".join(lines) + ENDOFTEXT)
+
+    def document(self) -> Document:
+        kinds, weights = zip(*KIND_WEIGHTS)
+        kind = self.rng.choices(kinds, weights)[0]
+        return getattr(self, kind)()
+
+    def __iter__(self) -> Iterator[Document]:
+        while True:
+            yield self.document()
+
+
+def generate(count: int, seed: int = CORPUS_SEED) -> list[Document]:
+    """The first `count` documents of the corpus with this seed."""
+    stream = iter(CorpusGenerator(seed))
+    return [next(stream) for _ in range(count)]
+
+
+def check_disjoint(documents, forbidden: frozenset | None = None) -> int:
+    """Raise ValueError if any document holds a dataset problem; return the number of problems checked."""
+    forbidden = dataset_keys() if forbidden is None else forbidden
+    checked = 0
+    for index, doc in enumerate(documents):
+        for key in doc.keys:
+            if key in forbidden:
+                raise ValueError(
+                    f"corpus document {index} ({doc.kind}) holds the StockArithmetic-v1 problem {key}; "
+                    "the pretraining corpus must contain none of the 1,400 problems (permutation key)"
+                )
+            checked += 1
+    return checked
+
+
+class CorpusDigest:
+    """SHA-256 over the documents' texts in order (one separator byte between them)."""
+
+    def __init__(self):
+        self._h = hashlib.sha256()
+        self.documents = 0
+
+    def update(self, doc: Document) -> None:
+        self._h.update(doc.text.encode("utf-8") + b"\x00")
+        self.documents += 1
+
+    def hexdigest(self) -> str:
+        return self._h.hexdigest()

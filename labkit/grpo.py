@@ -1,0 +1,537 @@
+"""The GRPO loop: the protocol's 100 iterations with three policy roles kept apart.
+
+    role       what it is                                            gradients
+    reference  a copy reloaded exactly from the warm-start file      never (frozen, digest re-checked)
+    old        the policy that sampled an iteration's rollouts;      never (log-probs recorded
+               its log-probs are recorded at sampling time            at sampling, never replaced)
+    current    the policy being optimised                            yes
+
+One iteration, in the order of the code below (PROTOCOL.md sections 3-6):
+
+    1. take the next 4 prompts of a seeded permutation of the 872-problem pool
+    2. sample G responses to each with the old policy (= current before its updates)
+    3. score them with the verifier; group advantages A = (r - mean) / (std + 1e-8)
+    4. check that full-sequence scoring reproduces the recorded log-probs (within 2e-4)
+    5. two updates on the same rollouts: clipped surrogate + 0.02 x exact prefix KL,
+       AdamW, grad-norm clip 1, warm-up then linear decay of the learning rate
+    6. log, keep every raw rollout, and (when asked) save the full resumable state
+
+Eval mode throughout (dropout off): it does not forbid autograd.  No critic.
+Zero-variance groups are counted and contribute no surrogate gradient; no reward
+is ever invented to break them.
+
+Run folder: `rollouts.jsonl.gz` (every rollout), `history.json` (per-iteration
+metrics), `timings.json` (wall-clock evidence, kept outside the compared state),
+`model.safetensors` (final policy, reloaded and its digest checked),
+`states/iter-<k>.pt.gz` (full states), `manifest.json`, `FINISHED`.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from pathlib import Path
+
+import torch
+
+from . import data, losses, sampling, scoring, state as state_lib, task
+from .config import PresetConfig, get_preset
+from .runs import REPO_ROOT, ensure_not_finished, is_finished, mark_finished, read_json, write_json, write_jsonl
+from .schedule import warmup_linear_decay
+from .sft import code_digests, data_digests, deterministic_algorithms, environment, seed_everything
+
+# The prompt order and the sampling seeds come from two generators of their own,
+# seeded apart from each other and from the SFT branches.
+PROMPT_ORDER_SEED_OFFSET = 303
+GENERATION_SEED_OFFSET = 404
+SEED_RANGE = 2**62
+
+
+# -- 1. The prompt pool and its order ----------------------------------------------------------
+
+
+def load_pool() -> list[dict]:
+    """The 872 pool problems (train minus the warm-start set), statements joined with labels.
+
+    Read in the learning phase: test statements and labels are refused by `labkit.data`.
+    """
+    statements = data.open_records("statements", "train", "learning")
+    labels = {r["id"]: r for r in data.open_records("labels", "train", "learning")}
+    pool = set(task.pool_ids(statements))
+    return [{**s, **labels[s["id"]]} for s in statements if s["id"] in pool]
+
+
+class PromptOrder:
+    """A seeded permutation of the pool, walked with a cursor and redrawn at each new epoch.
+
+    State: {"epoch", "cursor", "permutation"}; the permutation of epoch e is a
+    pure function of (seed, e), so a resumed run continues exactly.
+    """
+
+    def __init__(self, size: int, seed: int):
+        self.size, self.seed = size, seed
+        self.epoch, self.cursor = 0, 0
+        self.permutation = self._draw(0)
+
+    def _draw(self, epoch: int) -> list[int]:
+        g = torch.Generator().manual_seed(self.seed + 1_000_003 * epoch)
+        return torch.randperm(self.size, generator=g).tolist()
+
+    def take(self, count: int) -> list[int]:
+        """The next `count` pool indices, crossing into the next epoch when the pool runs out."""
+        out = []
+        while len(out) < count:
+            if self.cursor == self.size:
+                self.epoch, self.cursor = self.epoch + 1, 0
+                self.permutation = self._draw(self.epoch)
+            out.append(self.permutation[self.cursor])
+            self.cursor += 1
+        return out
+
+    def state(self) -> dict:
+        return {"epoch": self.epoch, "cursor": self.cursor, "permutation": list(self.permutation)}
+
+    def restore(self, saved: dict) -> None:
+        self.epoch, self.cursor, self.permutation = saved["epoch"], saved["cursor"], list(saved["permutation"])
+
+
+# -- 2. One update on the iteration's rollouts -------------------------------------------------
+
+
+def padded(rows: list[list[float]], width: int) -> torch.Tensor:
+    """(B, width) float32 tensor of `rows`, zero-padded on the right."""
+    out = torch.zeros(len(rows), width, dtype=torch.float32)
+    for i, row in enumerate(rows):
+        out[i, : len(row)] = torch.tensor(row, dtype=torch.float32)
+    return out
+
+
+def grpo_loss(model, reference, batch: scoring.Batch, old_logprobs: torch.Tensor, advantages: torch.Tensor,
+              group_size: int, config: PresetConfig) -> tuple[torch.Tensor, dict]:
+    """Loss = clipped surrogate + kl_coef x exact prefix KL, both reduced token -> response -> prompt.
+
+    batch:        B = prompts * G rows, prompt-major
+    old_logprobs: (B, R) recorded at sampling time (detached)
+    advantages:   (B,) one per response (detached)
+    Returns (loss, metrics) with the surrogate, the KL and their statistics.
+    """
+    device = next(model.parameters()).device
+    mask = batch.response_mask.to(device)
+    logp_cur, logits_cur = scoring.response_logprobs(model, batch, return_logits=True)  # (B, R), (B, R, V)
+    with torch.no_grad():
+        logp_ref, logits_ref = scoring.response_logprobs(reference, batch, return_logits=True)
+    surrogate, clip_stats = losses.clipped_surrogate(
+        logp_cur, old_logprobs.to(device), advantages.to(device), mask, clip_eps=config.clip_eps, group_size=group_size
+    )
+    kl_per_prefix = losses.exact_prefix_kl(logits_cur, logits_ref, block_size=config.kl_block_size)  # (B, R)
+    kl = losses.reduce_tokens(kl_per_prefix, mask, group_size)
+    loss = surrogate + config.kl_coef * kl
+    with torch.no_grad():
+        entropy = losses.reduce_tokens(losses.token_entropy(logits_cur.detach()), mask, group_size)
+        k3 = losses.reduce_tokens(losses.kl_estimators(logp_cur.detach(), logp_ref)["k3"], mask, group_size)
+    metrics = {
+        "loss": float(loss.detach()),
+        "surrogate": float(surrogate.detach()),
+        "kl": float(kl.detach()),
+        "kl_k3": float(k3),
+        "entropy": float(entropy),
+        **clip_stats,
+    }
+    return loss, metrics
+
+
+# -- 3. The run ----------------------------------------------------------------------------------
+
+
+def default_run_dir(preset: str, group_size: int) -> Path:
+    name = "grpo" if group_size == 4 else f"grpo_g{group_size}"
+    return REPO_ROOT / "runs" / preset / name
+
+
+def state_path(run_dir: Path, iteration: int) -> Path:
+    return Path(run_dir) / "states" / f"iter-{iteration:03d}.pt.gz"
+
+
+def warm_start_file(preset: str) -> Path:
+    warm = REPO_ROOT / "runs" / preset / "warm_start"
+    if not is_finished(warm):
+        raise FileNotFoundError(f"GRPO starts from the warm start, but {warm} is not a finished run; "
+                                f"run `python -m labkit warm-start --preset {preset}` first")
+    return warm / "model.safetensors"
+
+
+def rollout_record(r: sampling.Rollout, iteration: int, verdict, advantage: float) -> dict:
+    """One line of rollouts.jsonl.gz: everything needed to reload and re-check a rollout."""
+    return {
+        "rollout_id": r.rollout_id,
+        "iteration": iteration,
+        "problem_id": r.prompt_id,
+        "seed": r.seed,
+        "prompt_length": len(r.prompt_ids),
+        "response_ids": list(r.response_ids),
+        "text": r.text,
+        "finish_reason": r.finish_reason,
+        "tokenization_valid": r.tokenization_valid,
+        "old_logprobs": list(r.behaviour_logprobs),
+        "reward": float(verdict.reward),
+        "reason": verdict.reason,
+        "advantage": advantage,
+        "policy_digest": r.policy_digest,
+        "sampler": r.sampler,
+    }
+
+
+def run_grpo(
+    config: PresetConfig | str,
+    run_dir: str | Path | None = None,
+    *,
+    group_size: int | None = None,
+    iterations: int | None = None,
+    stop_after: int | None = None,
+    save_states_at: tuple[int, ...] = (),
+    resume_from: str | Path | None = None,
+    sampler: str = "reference",
+    start_file: str | Path | None = None,
+    device: str | None = None,
+    overwrite: bool = False,
+    progress: bool = True,
+) -> dict:
+    """Run GRPO into `run_dir`; returns the manifest (or, when stopped early, a summary).
+
+    group_size      G (default: the preset's 4); iterations: default the preset's 100
+    stop_after      stop after this many iterations (saving the state); the run is then
+                    not finished
+    save_states_at  iterations after which to save a full state (the last is always saved)
+    resume_from     a state file of the same run to continue from, with fresh objects
+    sampler         "reference" (the protocol's, no KV cache) or "fast" (recorded in the manifest)
+    start_file      the warm-start safetensors (default: runs/<preset>/warm_start/model.safetensors)
+    """
+    from . import models
+
+    config = get_preset(config) if isinstance(config, str) else config
+    G = group_size or config.group_size
+    total_iterations = iterations or config.grpo_iterations
+    end_iteration = min(stop_after or total_iterations, total_iterations)
+    run_dir = Path(run_dir or default_run_dir(config.name, G))
+    ensure_not_finished(run_dir, overwrite=overwrite)
+    device = device or models.default_device(config.name)
+    start_file = Path(start_file or warm_start_file(config.name))
+    data.check_path_access("learning", start_file)
+    total_updates = total_iterations * config.updates_per_iteration
+    P = config.prompts_per_iteration
+    began = time.perf_counter()
+
+    # Stage 0: the three roles.  Policy and reference are two loads of the same file.
+    seed_everything(config.seed)
+    model, tokenizer = models.load(config.name, state=start_file, device=device)
+    reference, _ = models.load(config.name, state=start_file, device=device)
+    reference.requires_grad_(False)
+    model.eval()
+    reference.eval()
+    start_digest = models.parameter_digest(model)
+    reference_digest = models.parameter_digest(reference)
+    if start_digest != reference_digest:
+        raise RuntimeError(f"policy {start_digest} and reference {reference_digest} differ after loading one file")
+    parameters = [p for p in model.parameters() if p.requires_grad]
+    optimizer = torch.optim.AdamW(parameters, lr=config.grpo_lr, weight_decay=config.grpo_weight_decay)
+    pool = load_pool()
+    prompts = {r["id"]: scoring.build_prompt_ids(tokenizer, r["statement"], config.max_prompt_tokens) for r in pool}
+    order = PromptOrder(len(pool), config.seed + PROMPT_ORDER_SEED_OFFSET)
+    generation = torch.Generator().manual_seed(config.seed + GENERATION_SEED_OFFSET)
+    identity = {
+        "preset": config.name,
+        "config_fingerprint": config.fingerprint(),
+        "group_size": G,
+        "iterations": total_iterations,
+        "sampler": sampler,
+        "device": device,
+        "torch_threads": torch.get_num_threads(),
+        "start_file": str(start_file.relative_to(REPO_ROOT)) if start_file.is_relative_to(REPO_ROOT) else str(start_file),
+        "start_digest": start_digest,
+        "pool_ids": [r["id"] for r in pool],
+    }
+    history: list[dict] = []
+    consumed: list[str] = []
+    next_update = 0
+    first_iteration = 0
+    if resume_from is not None:
+        saved, _evidence = state_lib.load_state(resume_from)
+        if saved["identity"] != identity:
+            diff = sorted(k for k in identity if saved["identity"].get(k) != identity[k])
+            raise ValueError(f"{resume_from} belongs to another run: identity fields {diff} differ")
+        plain = state_lib.restore_state(saved, model=model, optimizer=optimizer, generators={"generation": generation})
+        order.restore(plain["data_order"])
+        history, consumed = plain["history"], plain["consumed_ids"]
+        next_update = plain["scheduler"]["next_update"]
+        first_iteration = plain["progress"]["iteration"]
+    consumed_set = set(consumed)
+    rollout_rows: list[dict] = []
+    timings: list[dict] = []
+    state_files: list[dict] = []
+
+    bar = _progress_bar(progress, first_iteration, end_iteration, G)
+    with deterministic_algorithms():
+        for iteration in range(first_iteration, end_iteration):
+            t_iter = time.perf_counter()
+            # Stage 1: the next P prompts of the pool's permutation.
+            chosen = [pool[i] for i in order.take(P)]
+
+            # Stage 2: G responses each, sampled by the old policy (= the current one now).
+            t0 = time.perf_counter()
+            old_digest = models.parameter_digest(model)
+            seeds = torch.randint(0, SEED_RANGE, (P * G,), generator=generation).tolist()
+            rollouts = []
+            for k, problem in enumerate(chosen):
+                ids = [f"g{G}-it{iteration:03d}-{problem['id']}-{j}" for j in range(G)]
+                rollouts += sampling.get_sampler(sampler)(
+                    model, tokenizer, [prompts[problem["id"]]] * G, seeds[k * G:(k + 1) * G],
+                    max_new_tokens=config.max_response_tokens, problem_ids=[problem["id"]] * G,
+                    rollout_ids=ids, policy_digest=old_digest,
+                )
+            t_generation = time.perf_counter() - t0
+
+            # Stage 3: verifier rewards and group advantages.
+            from .verifier import score
+
+            verdicts = [score(r.text, r.finish_reason, chosen[i // G]["problem"], r.tokenization_valid)
+                        for i, r in enumerate(rollouts)]
+            rewards = torch.tensor([float(v.reward) for v in verdicts]).view(P, G)  # (P, G)
+            advantages = losses.group_advantages(rewards, eps=config.advantage_eps)  # (P, G)
+            zero_std = losses.zero_variance_groups(rewards)  # (P,)
+
+            # Stage 4: the pre-update check; the recorded log-probs are the old policy's.
+            t0 = time.perf_counter()
+            check = sampling.check_recorded_logprobs(model, rollouts, tol=config.logprob_check_tol)
+            t_check = time.perf_counter() - t0
+            repeated = consumed_set.intersection(r.rollout_id for r in rollouts)
+            if repeated:
+                raise RuntimeError(f"rollouts {sorted(repeated)} were already optimised; a rollout is used once")
+
+            # Stage 5: two updates on the same rollouts.
+            t0 = time.perf_counter()
+            batch = scoring.make_batch([r.prompt_ids for r in rollouts], [r.response_ids for r in rollouts],
+                                       pad_id=tokenizer.pad_token_id).to(device)
+            old = padded([r.behaviour_logprobs for r in rollouts], batch.response_mask.shape[1])
+            flat_advantages = advantages.reshape(-1)
+            updates = []
+            for _ in range(config.updates_per_iteration):
+                lr = warmup_linear_decay(next_update, total_updates, config.grpo_lr,
+                                         config.warmup_fraction, config.final_lr_fraction)
+                for group in optimizer.param_groups:
+                    group["lr"] = lr
+                optimizer.zero_grad(set_to_none=True)
+                loss, metrics = grpo_loss(model, reference, batch, old, flat_advantages, G, config)
+                loss.backward()
+                grad_norm = float(torch.nn.utils.clip_grad_norm_(parameters, config.grad_clip))
+                optimizer.step()
+                updates.append({**metrics, "grad_norm": grad_norm, "learning_rate": lr})
+                next_update += 1
+            t_optimisation = time.perf_counter() - t0
+            consumed += [r.rollout_id for r in rollouts]
+            consumed_set.update(r.rollout_id for r in rollouts)
+
+            # Stage 6: log, keep the rollouts, save the state when asked.
+            lengths = [len(r.response_ids) for r in rollouts]
+            record = {
+                "iteration": iteration + 1,
+                "problem_ids": [p["id"] for p in chosen],
+                "reward": float(rewards.mean()),
+                "reward_std": float(rewards.std(correction=0, dim=1).mean()),
+                "frac_reward_zero_std": float(zero_std.float().mean()),
+                "valid_json": sum(v.valid for v in verdicts) / len(verdicts),
+                "completions/mean_length": sum(lengths) / len(lengths),
+                "completions/clipped_ratio": sum(r.finish_reason == "length" for r in rollouts) / len(rollouts),
+                "logprob_check/max_abs_diff": check["max_abs_diff"],
+                "updates": updates,
+                # the figures trainers log, from the last update of the iteration
+                **{k: updates[-1][k] for k in ("kl", "entropy", "grad_norm", "learning_rate",
+                                               "clip_ratio/low_mean", "clip_ratio/high_mean",
+                                               "clip_ratio/region_mean")},
+            }
+            history.append(record)
+            for i, r in enumerate(rollouts):
+                rollout_rows.append(rollout_record(r, iteration + 1, verdicts[i], float(flat_advantages[i])))
+            t_total = time.perf_counter() - t_iter
+            timings.append({"iteration": iteration + 1, "generation": t_generation, "logprob_check": t_check,
+                            "optimisation": t_optimisation, "iteration_total": t_total})
+            if iteration + 1 in save_states_at or iteration + 1 == end_iteration:
+                t0 = time.perf_counter()
+                snapshot = state_lib.capture_state(
+                    model=model, optimizer=optimizer, scheduler={"next_update": next_update, "total": total_updates},
+                    data_order=order.state(), generators={"generation": generation}, history=history,
+                    consumed_ids=consumed, identity=identity, progress={"iteration": iteration + 1},
+                )
+                info = state_lib.save_state(state_path(run_dir, iteration + 1), snapshot,
+                                            evidence={"timings": timings})
+                info["seconds_total"] = time.perf_counter() - t0
+                state_files.append(info)
+            bar.update(1)
+            bar.set_postfix(reward=f"{record['reward']:.2f}", kl=f"{record['kl']:.2e}",
+                            zero_std=f"{record['frac_reward_zero_std']:.2f}")
+    bar.close()
+
+    # The rollouts of this process (a resumed run writes only the iterations it ran).
+    first = first_iteration + 1
+    write_jsonl(run_dir / f"rollouts-{first:03d}-{end_iteration:03d}.jsonl.gz", rollout_rows)
+    write_json(run_dir / f"timings-{first:03d}-{end_iteration:03d}.json", timings)
+    if reference.training or any(p.requires_grad for p in reference.parameters()):
+        raise RuntimeError("the reference left eval mode or gained gradients")
+    if models.parameter_digest(reference) != reference_digest:
+        raise RuntimeError("the reference changed during the run; it must stay frozen")
+
+    summary = {
+        "iterations_run": [first_iteration, end_iteration],
+        "state_files": state_files,
+        "seconds": time.perf_counter() - began,
+    }
+    if end_iteration < total_iterations:
+        write_json(run_dir / f"stopped-at-{end_iteration:03d}.json", summary)
+        return summary
+
+    # Finished: final model saved, reloaded, digest compared.
+    final_digest = models.parameter_digest(model)
+    models.save_model(model, run_dir / "model.safetensors")
+    reloaded, _ = models.load(config.name, state=run_dir / "model.safetensors", device=device)
+    if models.parameter_digest(reloaded) != final_digest:
+        raise RuntimeError("the saved GRPO model does not reload to the same parameters")
+    write_json(run_dir / "history.json", history)
+    manifest = {
+        "step": "grpo",
+        "identity": {k: v for k, v in identity.items() if k != "pool_ids"},
+        "config": config.to_dict(),
+        "code_sha256": code_digests(),
+        "data_sha256": data_digests(),
+        "environment": environment(device),
+        "reference_digest": reference_digest,
+        "final_digest": final_digest,
+        "rollouts": len(consumed),
+        "updates": next_update,
+        "resumed_from": str(resume_from) if resume_from else None,
+        "generated_tokens": sum(len(r["response_ids"]) for r in rollout_rows),
+        **summary,
+    }
+    write_json(run_dir / "manifest.json", manifest)
+    mark_finished(run_dir, {"final_digest": final_digest})
+    return manifest
+
+
+def _progress_bar(enabled: bool, start: int, end: int, G: int):
+    from tqdm.auto import tqdm
+
+    return tqdm(total=end, initial=start, desc=f"GRPO G={G}", unit="it", disable=not enabled, leave=False)
+
+
+def read_rollouts(run_dir: str | Path) -> list[dict]:
+    """Every rollout of a GRPO run folder, in iteration order (all rollouts-*.jsonl.gz files)."""
+    from .runs import read_jsonl
+
+    rows = []
+    for path in sorted(Path(run_dir).glob("rollouts-*.jsonl.gz")):
+        rows += read_jsonl(path)
+    return rows
+
+
+# -- 4. Exact resume: stop, resume in a fresh process, compare with the continuous run --------
+
+
+def resume_check(
+    config: PresetConfig | str,
+    *,
+    group_size: int | None = None,
+    stop_at: int = 40,
+    run_dir: str | Path | None = None,
+    scratch_dir: str | Path | None = None,
+    sampler: str = "reference",
+    device: str | None = None,
+    overwrite: bool = False,
+) -> dict:
+    """Continuous run vs stop-after-`stop_at` + resume: every tensor and field must be equal.
+
+    1. the continuous run is the real run in `run_dir` (it must be finished);
+    2. a second run from the same start stops after `stop_at` iterations, in a fresh
+       `python -m labkit grpo` process, into `scratch_dir/stop`;
+    3. another fresh process resumes from that state to the end, into `scratch_dir/resume`;
+    4. the end states are compared exactly (model, AdamW, schedule position, prompt
+       order, generation RNG, system RNGs, history, consumed ids), and so are the
+       rollouts of the resumed iterations and the final model files.  The report goes
+       to `run_dir/resume_report.json`; its top-level `equal` is True only when every
+       compared field is equal.  Its cost is reported apart from the continuous run's.
+    """
+    import shutil
+    import subprocess
+    import sys
+
+    from .runs import read_jsonl, sha256_file
+
+    config = get_preset(config) if isinstance(config, str) else config
+    G = group_size or config.group_size
+    run_dir = Path(run_dir or default_run_dir(config.name, G))
+    scratch_dir = Path(scratch_dir or REPO_ROOT / "runs" / "scratch" / config.name / run_dir.name)
+    report_path = run_dir / "resume_report.json"
+    if not is_finished(run_dir):
+        raise FileNotFoundError(f"{run_dir} is not a finished run; the check compares against it")
+    if report_path.exists() and not overwrite:
+        raise FileExistsError(f"{report_path} exists; a resume report is evidence (pass --overwrite to redo it)")
+    continuous = read_json(run_dir / "manifest.json")
+    if continuous.get("resumed_from"):
+        raise ValueError(f"{run_dir} was itself resumed; the check compares a continuous run with a resumed one")
+    total = continuous["identity"]["iterations"]
+    if not 0 < stop_at < total:
+        raise ValueError(f"stop_at must lie in 1..{total - 1}, got {stop_at}")
+    threads = continuous["environment"]["torch_threads"]
+    shutil.rmtree(scratch_dir, ignore_errors=True)
+    stop_dir, resume_dir = scratch_dir / "stop", scratch_dir / "resume"
+    base = [sys.executable, "-m", "labkit", "grpo", "--preset", config.name, "--group-size", str(G),
+            "--iterations", str(total), "--threads", str(threads), "--sampler", sampler, "--no-progress"]
+    if device:
+        base += ["--device", device]
+
+    t0 = time.perf_counter()
+    subprocess.run(base + ["--run-dir", str(stop_dir), "--stop-after", str(stop_at)], check=True, cwd=REPO_ROOT)
+    stop_seconds = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    boundary = state_path(stop_dir, stop_at)
+    subprocess.run(base + ["--run-dir", str(resume_dir), "--resume-from", str(boundary)], check=True, cwd=REPO_ROOT)
+    resume_seconds = time.perf_counter() - t0
+
+    t0 = time.perf_counter()
+    end_a, end_b = state_path(run_dir, total), state_path(resume_dir, total)
+    a, _ = state_lib.load_state(end_a)
+    b, _ = state_lib.load_state(end_b)
+    a["final_model_sha256"] = sha256_file(run_dir / "model.safetensors")
+    b["final_model_sha256"] = sha256_file(resume_dir / "model.safetensors")
+    # the rollouts of the resumed iterations, every field (no timings are stored in them)
+    a["rollouts_after_stop"] = [r for r in read_rollouts(run_dir) if r["iteration"] > stop_at]
+    b["rollouts_after_stop"] = read_rollouts(resume_dir)
+    end = state_lib.compare_states(a, b)
+    del a, b
+    compare_seconds = time.perf_counter() - t0
+    report = {
+        "equal": end["equal"],
+        "preset": config.name,
+        "group_size": G,
+        "boundary": f"after iteration {stop_at} of {total} (both updates done, state saved)",
+        "continuous_state": str(end_a.relative_to(run_dir)),
+        "resumed_state": f"scratch: {end_b.relative_to(scratch_dir)} (not kept)",
+        "fresh_process": True,
+        "torch_threads": threads,
+        "timings_compared": False,
+        "end_state": end,
+        "cost": {
+            "continuous_run_seconds": continuous["seconds"],
+            "extra_for_the_check": {
+                "stop_run_seconds": stop_seconds,
+                "resume_run_seconds": resume_seconds,
+                "compare_seconds": compare_seconds,
+                "total_seconds": stop_seconds + resume_seconds + compare_seconds,
+                "extra_iterations": total,
+            },
+        },
+        "state_bytes": {
+            "continuous_end": end_a.stat().st_size,
+            "stop_boundary": boundary.stat().st_size,
+            "resumed_end": end_b.stat().st_size,
+        },
+    }
+    write_json(report_path, report)
+    return report

@@ -1,0 +1,236 @@
+"""Pretraining the tiny preset's base on the generated corpus (`python -m labkit pretrain --preset tiny`).
+
+The stages, in the order the loop runs them:
+
+1. the corpus: an endless document stream from `labkit.corpus`, every document
+   checked against the 1,400 dataset problems before it is used;
+2. packing: whole documents, first fit, into rows of `row_tokens` tokens,
+   right-padded (padding is never attended to by real tokens under the causal
+   mask, and its labels are -100);
+3. the update: next-token cross-entropy over every real token, AdamW, linear
+   warm-up then cosine decay, gradient-norm clipping;
+4. the record: `log.jsonl` (loss and learning rate every `log_every` steps,
+   held-out loss every `heldout_every`), `model.safetensors`, `config.json`,
+   `manifest.json`, then the FINISHED marker.  A finished base is not
+   overwritten without `overwrite=True`.
+
+Dropout is off (eval mode) throughout: the corpus never repeats a document, so
+there is nothing to regularise, and the lab's later phases also run in eval mode.
+Everything is deterministic from the two seeds on one CPU thread.
+"""
+
+from __future__ import annotations
+
+import math
+import platform
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Iterable, Iterator
+
+import torch
+
+from . import corpus as corpus_mod
+from .models import TINY_ARCH, TINY_BASE_DIR, new_tiny_model, parameter_digest, save_model
+from .runs import FINISHED_MARKER, atomic_write_text, ensure_not_finished, jsonl_bytes, mark_finished, sha256_file, write_json
+from .tokenizer import load_tiny_tokenizer
+
+
+@dataclass(frozen=True)
+class PretrainConfig:
+    seed: int = 0
+    """initialises the model (the corpus has its own seed)"""
+    corpus_seed: int = corpus_mod.CORPUS_SEED
+    steps: int = 6000
+    """about 25 minutes on one CPU thread at ~0.25 s a step"""
+    rows_per_step: int = 8
+    row_tokens: int = 256
+    """8 rows x 256 tokens = 2,048 token slots per update"""
+    peak_lr: float = 2e-3
+    warmup_steps: int = 150
+    final_lr_fraction: float = 0.1
+    weight_decay: float = 0.01
+    beta1: float = 0.9
+    beta2: float = 0.95
+    grad_clip: float = 1.0
+    log_every: int = 50
+    heldout_every: int = 500
+    heldout_rows: int = 16
+    heldout_seed: int = corpus_mod.CORPUS_SEED + 1
+    """a second stream of the same corpus (also free of dataset problems), never trained on"""
+    threads: int = 1
+
+
+def lr_at(step: int, cfg: PretrainConfig) -> float:
+    """Learning rate of update `step` (0-based): linear warm-up, then cosine down to final_lr_fraction."""
+    if step < cfg.warmup_steps:
+        return cfg.peak_lr * (step + 1) / cfg.warmup_steps
+    progress = (step - cfg.warmup_steps) / max(1, cfg.steps - cfg.warmup_steps)
+    floor = cfg.final_lr_fraction
+    return cfg.peak_lr * (floor + (1 - floor) * 0.5 * (1 + math.cos(math.pi * min(1.0, progress))))
+
+
+class TokenStream:
+    """Documents of the corpus, checked, digested, counted and tokenized, one at a time."""
+
+    def __init__(self, tokenizer, seed: int, forbidden: frozenset, max_tokens: int):
+        self.tokenizer = tokenizer
+        self.documents = iter(corpus_mod.CorpusGenerator(seed, forbidden))
+        self.forbidden = forbidden
+        self.max_tokens = max_tokens
+        self.digest = corpus_mod.CorpusDigest()
+        self.kinds: dict[str, int] = {}
+        self.problems_checked = 0
+        self.tokens = 0
+
+    def __iter__(self) -> Iterator[list[int]]:
+        for doc in self.documents:
+            # Stage 1: no dataset problem may be trained on, whatever the generator does.
+            self.problems_checked += corpus_mod.check_disjoint([doc], self.forbidden)
+            ids = self.tokenizer(doc.text, add_special_tokens=False)["input_ids"]
+            if len(ids) > self.max_tokens:
+                raise ValueError(f"a {doc.kind} document has {len(ids)} tokens, more than a row's {self.max_tokens}")
+            self.digest.update(doc)
+            self.kinds[doc.kind] = self.kinds.get(doc.kind, 0) + 1
+            self.tokens += len(ids)
+            yield ids
+
+
+def pack_rows(token_docs: Iterable[list[int]], row_tokens: int, lookahead: int = 16) -> Iterator[list[int]]:
+    """Whole documents packed into rows of at most `row_tokens` ids, first fit over a small look-ahead.
+
+    Deterministic; no document is split or dropped, only their order changes
+    within the look-ahead window.
+    """
+    source = iter(token_docs)
+    pending: list[list[int]] = []
+    while True:
+        while len(pending) < lookahead:
+            pending.append(next(source))
+        row: list[int] = []
+        kept = []
+        for ids in pending:
+            if len(row) + len(ids) <= row_tokens:
+                row.extend(ids)
+            else:
+                kept.append(ids)
+        pending = kept
+        yield row
+
+
+def batch_tensors(rows: list[list[int]], row_tokens: int, pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(input_ids, labels), both (rows, row_tokens) int64; labels are -100 on the right padding."""
+    input_ids = torch.full((len(rows), row_tokens), pad_id, dtype=torch.long)
+    labels = torch.full((len(rows), row_tokens), -100, dtype=torch.long)
+    for i, row in enumerate(rows):
+        input_ids[i, : len(row)] = torch.tensor(row)
+        labels[i, : len(row)] = torch.tensor(row)
+    return input_ids, labels
+
+
+@torch.no_grad()
+def heldout_loss(model, batches: list[tuple[torch.Tensor, torch.Tensor]]) -> float:
+    """Mean next-token cross-entropy over every real token of the held-out batches."""
+    total, count = 0.0, 0
+    for input_ids, labels in batches:
+        n = int((labels[:, 1:] != -100).sum())
+        total += float(model(input_ids=input_ids, labels=labels).loss) * n
+        count += n
+    return total / count
+
+
+def pretrain(cfg: PretrainConfig = PretrainConfig(), out_dir: str | Path = TINY_BASE_DIR,
+             overwrite: bool = False, progress: bool = True) -> dict:
+    """Pretrain the tiny base from scratch and write it to `out_dir`; returns the manifest."""
+    from tqdm import tqdm
+
+    out_dir = ensure_not_finished(out_dir, overwrite)
+    (out_dir / FINISHED_MARKER).unlink(missing_ok=True)  # an explicit overwrite un-finishes the run first
+    threads_before = torch.get_num_threads()
+    torch.set_num_threads(cfg.threads)
+    started = time.time()
+    try:
+        tokenizer = load_tiny_tokenizer()
+        pad_id = tokenizer.pad_token_id
+        forbidden = corpus_mod.dataset_keys()
+
+        # Stage 1-2: the training stream and a fixed held-out set from another seed.
+        stream = TokenStream(tokenizer, cfg.corpus_seed, forbidden, cfg.row_tokens)
+        rows = pack_rows(stream, cfg.row_tokens)
+        held = pack_rows(TokenStream(tokenizer, cfg.heldout_seed, forbidden, cfg.row_tokens), cfg.row_tokens)
+        held_rows = [next(held) for _ in range(cfg.heldout_rows)]
+        held_batches = [batch_tensors(held_rows[i : i + cfg.rows_per_step], cfg.row_tokens, pad_id)
+                        for i in range(0, cfg.heldout_rows, cfg.rows_per_step)]
+
+        model = new_tiny_model(cfg.seed, tokenizer).eval()
+        initial_digest = parameter_digest(model)
+        optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.peak_lr, betas=(cfg.beta1, cfg.beta2),
+                                      weight_decay=cfg.weight_decay)
+        log: list[dict] = [{"step": 0, "heldout_loss": heldout_loss(model, held_batches), "elapsed_s": 0.0}]
+        window: list[float] = []
+        bar = tqdm(range(cfg.steps), desc="pretrain tiny", disable=not progress, mininterval=5)
+        for step in bar:
+            # Stage 3: one update on the next rows_per_step packed rows.
+            input_ids, labels = batch_tensors([next(rows) for _ in range(cfg.rows_per_step)], cfg.row_tokens, pad_id)
+            for group in optimizer.param_groups:
+                group["lr"] = lr_at(step, cfg)
+            loss = model(input_ids=input_ids, labels=labels).loss
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
+            optimizer.step()
+            window.append(float(loss.detach()))
+
+            # Stage 4: the record.
+            done = step + 1
+            if done % cfg.log_every == 0 or done == cfg.steps:
+                row = {"step": done, "lr": lr_at(step, cfg), "loss": sum(window) / len(window),
+                       "grad_norm": float(grad_norm), "tokens": stream.tokens, "elapsed_s": round(time.time() - started, 1)}
+                if done % cfg.heldout_every == 0 or done == cfg.steps:
+                    row["heldout_loss"] = heldout_loss(model, held_batches)
+                log.append(row)
+                window = []
+                bar.set_postfix(loss=f"{row['loss']:.3f}")
+                atomic_write_text(out_dir / "log.jsonl", jsonl_bytes(log).decode())
+        wall = time.time() - started
+
+        save_model(model, out_dir / "model.safetensors")
+        atomic_write_text(out_dir / "config.json", model.config.to_json_string())
+        losses = [r for r in log if "loss" in r]
+        held_curve = [(r["step"], r["heldout_loss"]) for r in log if "heldout_loss" in r]
+        manifest = {
+            "preset": "tiny",
+            "command": "python -m labkit pretrain --preset tiny",
+            "config": asdict(cfg),
+            "architecture": {k: v for k, v in TINY_ARCH.items()},
+            "corpus": {
+                "name": corpus_mod.CORPUS_NAME,
+                "seed": cfg.corpus_seed,
+                "documents": stream.digest.documents,
+                "digest_sha256": stream.digest.hexdigest(),
+                "kinds": dict(sorted(stream.kinds.items())),
+                "tokens": stream.tokens,
+                "problems_checked": stream.problems_checked,
+                "dataset_problems_found": 0,  # check_disjoint raised otherwise
+            },
+            "steps": cfg.steps,
+            "wall_time_s": round(wall, 1),
+            "loss": {
+                "first_logged": losses[0]["loss"],
+                "final_logged": losses[-1]["loss"],
+                "min_logged": min(r["loss"] for r in losses),
+                "heldout": held_curve,
+            },
+            "initial_parameter_digest": initial_digest,
+            "parameter_digest": parameter_digest(model),
+            "model_sha256": sha256_file(out_dir / "model.safetensors"),
+            "versions": {"python": platform.python_version(), "torch": torch.__version__,
+                         "transformers": __import__("transformers").__version__},
+            "device": "cpu",
+            "threads": cfg.threads,
+        }
+        write_json(out_dir / "manifest.json", manifest)
+        mark_finished(out_dir, {"parameter_digest": manifest["parameter_digest"], "wall_time_s": manifest["wall_time_s"]})
+        return manifest
+    finally:
+        torch.set_num_threads(threads_before)

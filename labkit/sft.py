@@ -1,0 +1,659 @@
+"""The warm start and the additional SFT: supervised learning of the solver's targets.
+
+Two branches, one loop (PROTOCOL.md section 2):
+
+    branch      starts from        examples                      epochs  updates of 8
+    warm_start  the base           the first 128 train problems     3        48
+    sft         the warm start     the other 872 train problems     2       218
+
+Choices, each for a reason:
+
+* **Eval mode throughout** (dropout off), for the updates as for the validation.
+  The tiny preset has attention dropout 0.1; in train mode the loss would be
+  that of a randomly thinned model, the log-probs the later chapters compute
+  (in eval mode, as the protocol requires for GRPO) would not be the ones SFT
+  optimised, and the run would consume the global RNG.  Eval mode does not stop
+  autograd, so nothing is lost but the noise.
+* **AdamW** at the preset's `sft_lr` (tiny 1e-3, qwen 2e-5) and `sft_weight_decay`,
+  with the lab's one schedule (`labkit.schedule`: 10% linear warm-up, then
+  linear decay to 10% of the peak) and gradient-norm clipping at `grad_clip`
+  (1.0), the same safeguards GRPO uses; the norm before clipping is logged.
+* **Loss** = `scoring.sft_loss`: cross-entropy summed over every supervised
+  response token of the 8 examples (EOS included) divided by their number, not
+  a mean of per-example means.
+* **Data order**: each epoch draws `torch.randperm` from the branch's own seeded
+  generator; the generator's state, the permutation and the cursor are part of
+  the saved state, so a resumed run draws the same next permutation.
+* **Validation NLL** (per token, over the 200 validation problems' target
+  responses) before training and after every epoch: logged, never used to
+  pick a checkpoint.  The final model is the one after the last epoch, always.
+* **Determinism**: fixed seeds, `torch.use_deterministic_algorithms(True)`
+  during the run, and the same thread count.  On the CPU the thread count
+  *does* change the numbers (measured on the tiny model: 1 vs 2 threads give
+  the same first loss, then losses that differ in the 7th significant digit,
+  because matrix products split their sums differently), so the thread count
+  and the device are part of a run's identity: a resume with another thread
+  count is refused, and the resume check runs with the real run's count.
+
+Run folder `runs/<preset>/<branch>/`: `model.safetensors` (reloaded and its
+digest checked), `history.json`, `manifest.json`, `states/epoch-<k>.pt.gz`
+(the full resumable state after every epoch, gzip level 1; the last is the end
+state), and `FINISHED`.  `resume_check` adds `resume_report.json`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import os
+import platform
+import random
+import shutil
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from . import data, scoring, state as state_lib, task
+from .config import PresetConfig, get_preset
+from .runs import REPO_ROOT, ensure_not_finished, is_finished, mark_finished, read_json, sha256_file, write_json
+from .schedule import warmup_linear_decay, warmup_updates
+
+BRANCHES = ("warm_start", "sft")
+# Each branch draws its data order from its own generator, seeded apart so the
+# two branches never share a permutation stream.
+DATA_ORDER_SEED_OFFSET = {"warm_start": 101, "sft": 202}
+VALIDATION_BATCH = 50
+DATA_FILES = ("train.statements.jsonl", "train.labels.jsonl", "validation.statements.jsonl", "validation.labels.jsonl")
+
+ModelFactory = Callable[[], tuple[torch.nn.Module, object]]
+
+
+# -- 1. Examples -------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Example:
+    """One supervised example: the chat prompt ids and the target response ids (answer JSON + EOS)."""
+
+    id: str
+    prompt_ids: tuple[int, ...]
+    response_ids: tuple[int, ...]
+
+
+def load_split_examples(tokenizer, split: str, phase: str = "learning") -> list[Example]:
+    """Statements joined with their labels' targets, encoded, in file order.
+
+    Goes through `data.open_records`, so the learning phase cannot open the test
+    split (it raises `data.PhaseError`).
+    """
+    statements = data.open_records("statements", split, phase)
+    labels = {r["id"]: r for r in data.open_records("labels", split, phase)}
+    if [s["id"] for s in statements] != list(labels):
+        raise ValueError(f"{split} statements and labels do not hold the same ids in the same order")
+    return [
+        Example(
+            id=s["id"],
+            prompt_ids=tuple(scoring.build_prompt_ids(tokenizer, s["statement"])),
+            response_ids=tuple(scoring.target_response_ids(tokenizer, labels[s["id"]]["target"])),
+        )
+        for s in statements
+    ]
+
+
+def branch_examples(train: list[Example], branch: str, config: PresetConfig) -> list[Example]:
+    """The branch's examples: a prefix of the warm-start set (first 128) or of the pool (other 872).
+
+    With the protocol's counts this is exactly `task.warm_start_ids` / `task.pool_ids`;
+    a shortened config (tests) takes the first examples of the same set.
+    """
+    check_branch(branch)
+    ids = [e.id for e in train]
+    if len(ids) != task.SPLIT_SIZES["train"]:
+        raise ValueError(f"expected {task.SPLIT_SIZES['train']} train problems, got {len(ids)}")
+    if branch == "warm_start":
+        wanted, count = task.warm_start_ids([{"id": i} for i in ids]), config.warm_start_examples
+    else:
+        wanted, count = task.pool_ids([{"id": i} for i in ids]), config.sft_examples
+    if not 1 <= count <= len(wanted):
+        raise ValueError(f"{branch} needs 1..{len(wanted)} examples, the config asks for {count}")
+    by_id = {e.id: e for e in train}
+    return [by_id[i] for i in wanted[:count]]
+
+
+def check_branch(branch: str) -> None:
+    if branch not in BRANCHES:
+        raise ValueError(f"unknown SFT branch {branch!r}; expected one of {BRANCHES}")
+
+
+# -- 2. The plan: counts and schedule ------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Plan:
+    branch: str
+    examples: int
+    epochs: int
+    batch_size: int
+    updates_per_epoch: int
+    total_updates: int
+    peak_lr: float
+    weight_decay: float
+    grad_clip: float
+    warmup_fraction: float
+    final_lr_fraction: float
+    data_order_seed: int
+
+    def lr(self, update: int) -> float:
+        return warmup_linear_decay(update, self.total_updates, self.peak_lr, self.warmup_fraction, self.final_lr_fraction)
+
+    def to_dict(self) -> dict:
+        return {**self.__dict__, "warmup_updates": warmup_updates(self.total_updates, self.warmup_fraction)}
+
+
+def make_plan(config: PresetConfig, branch: str) -> Plan:
+    """Counts of a branch: 128 x 3 epochs = 48 updates of 8; 872 x 2 = 218."""
+    check_branch(branch)
+    n = config.warm_start_examples if branch == "warm_start" else config.sft_examples
+    epochs = config.warm_start_epochs if branch == "warm_start" else config.sft_epochs
+    per_epoch = math.ceil(n / config.sft_batch_size)  # a last partial batch is kept, never dropped
+    return Plan(
+        branch=branch,
+        examples=n,
+        epochs=epochs,
+        batch_size=config.sft_batch_size,
+        updates_per_epoch=per_epoch,
+        total_updates=per_epoch * epochs,
+        peak_lr=config.sft_lr,
+        weight_decay=config.sft_weight_decay,
+        grad_clip=config.grad_clip,
+        warmup_fraction=config.warmup_fraction,
+        final_lr_fraction=config.final_lr_fraction,
+        data_order_seed=config.seed + DATA_ORDER_SEED_OFFSET[branch],
+    )
+
+
+# -- 3. Validation NLL -----------------------------------------------------------------------------
+
+
+@torch.no_grad()
+def validation_nll(model, examples: list[Example], pad_id: int, batch_size: int = VALIDATION_BATCH) -> dict:
+    """Per-token negative log-likelihood of the target responses: sum(-log p) / tokens.
+
+    Returns {"nll", "tokens", "examples"}.  Logged only: never used to choose a checkpoint.
+    """
+    total, tokens = 0.0, 0
+    for start in range(0, len(examples), batch_size):
+        chunk = examples[start : start + batch_size]
+        batch = scoring.make_batch([e.prompt_ids for e in chunk], [e.response_ids for e in chunk], pad_id)
+        logp, _ = scoring.response_logprobs(model, batch)  # (B, R), 0 beyond each response
+        total += float(-logp.double().sum())
+        tokens += batch.num_active_tokens
+    return {"nll": total / tokens, "tokens": tokens, "examples": len(examples)}
+
+
+# -- 4. Helpers: determinism, digests, environment -------------------------------------------------
+
+
+@contextlib.contextmanager
+def deterministic_algorithms():
+    """`torch.use_deterministic_algorithms(True)` inside, the caller's setting restored after."""
+    previous = torch.are_deterministic_algorithms_enabled()
+    if torch.cuda.is_available():
+        # cuBLAS needs a fixed workspace to be deterministic; must be set before its first use
+        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+    torch.use_deterministic_algorithms(True)
+    try:
+        yield
+    finally:
+        torch.use_deterministic_algorithms(previous)
+
+
+def seed_everything(seed: int) -> None:
+    """Python, NumPy and Torch (CPU and CUDA) global RNGs."""
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+    torch.manual_seed(seed)
+
+
+def code_digests() -> dict[str, str]:
+    """SHA-256 of every labkit/*.py file, by relative path."""
+    root = REPO_ROOT / "labkit"
+    return {f"labkit/{p.name}": sha256_file(p) for p in sorted(root.glob("*.py"))}
+
+
+def data_digests() -> dict[str, str]:
+    return {name: sha256_file(data.DATA_DIR / name) for name in DATA_FILES}
+
+
+def environment(device: str) -> dict:
+    import transformers
+
+    env = {
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+        "device": device,
+        "torch_threads": torch.get_num_threads(),
+        "deterministic_algorithms": True,
+    }
+    if device.startswith("cuda"):
+        env.update(
+            cuda=torch.version.cuda,
+            gpu=torch.cuda.get_device_name(device),
+            tf32_matmul=torch.backends.cuda.matmul.allow_tf32,
+            tf32_cudnn=torch.backends.cudnn.allow_tf32,
+        )
+    return env
+
+
+def default_run_dir(preset: str, branch: str) -> Path:
+    return REPO_ROOT / "runs" / preset / branch
+
+
+def state_path(run_dir: Path, epoch: int) -> Path:
+    return Path(run_dir) / "states" / f"epoch-{epoch}.pt.gz"
+
+
+def start_model_factory(preset: str, branch: str, device: str | None = None) -> tuple[ModelFactory, str]:
+    """How a branch gets its starting model: the base (warm start) or the finished warm start (SFT).
+
+    Returns (factory, description of the source).
+    """
+    from . import models
+
+    check_branch(branch)
+    if branch == "warm_start":
+        source = None  # the preset's own start: tiny's committed base, qwen's released weights
+        description = f"{preset} base"
+    else:
+        warm = default_run_dir(preset, "warm_start")
+        if not is_finished(warm):
+            raise FileNotFoundError(f"the additional SFT starts from the warm start, but {warm} is not a finished run")
+        source = warm / "model.safetensors"
+        data.check_path_access("learning", source)
+        description = str(source.relative_to(REPO_ROOT))
+    return (lambda: models.load(preset, state=source, device=device)), description
+
+
+# -- 5. The loop -------------------------------------------------------------------------------------
+
+
+def _identity(config: PresetConfig, plan: Plan, examples, validation, initial_digest: str, pad_id: int,
+              device: str) -> dict:
+    """What makes two runs the same run: a resumed run must match its state's identity exactly."""
+    return {
+        "device": device,
+        "torch_threads": torch.get_num_threads(),  # the numbers depend on it (module docstring)
+        "branch": plan.branch,
+        "config_fingerprint": config.fingerprint(),
+        "plan": plan.to_dict(),
+        "example_ids": [e.id for e in examples],
+        "validation_ids": [e.id for e in validation],
+        "data_sha256": data_digests(),
+        "initial_parameter_digest": initial_digest,
+        "pad_id": pad_id,
+    }
+
+
+def run_branch(
+    config: PresetConfig | str,
+    branch: str,
+    run_dir: str | Path | None = None,
+    *,
+    model_factory: ModelFactory | None = None,
+    start_description: str | None = None,
+    stop_after_epochs: int | None = None,
+    resume_from: str | Path | None = None,
+    validation_limit: int | None = None,
+    device: str | None = None,
+    overwrite: bool = False,
+    progress: bool = True,
+) -> dict:
+    """Train one SFT branch into `run_dir`; returns the manifest.
+
+    model_factory      () -> (model, tokenizer) giving the starting model (default:
+                       the preset's base for warm_start, the finished warm start for sft)
+    stop_after_epochs  stop (and save the state) after this many epochs; the run is
+                       then not finished (no model, no FINISHED marker)
+    resume_from        a state file of the same run (same identity) to continue from
+                       with a fresh model object, optimizer and generator
+    validation_limit   score only the first N validation problems (tests)
+    """
+    from . import models
+
+    config = get_preset(config) if isinstance(config, str) else config
+    check_branch(branch)
+    plan = make_plan(config, branch)
+    run_dir = Path(run_dir) if run_dir is not None else default_run_dir(config.name, branch)
+    if stop_after_epochs is not None and not 1 <= stop_after_epochs < plan.epochs:
+        raise ValueError(f"stop_after_epochs must lie in 1..{plan.epochs - 1} for {branch}, got {stop_after_epochs}")
+    ensure_not_finished(run_dir, overwrite)
+    if overwrite:
+        for stale in [run_dir / "FINISHED", run_dir / "resume_report.json", run_dir / "states"]:
+            shutil.rmtree(stale) if stale.is_dir() else stale.unlink(missing_ok=True)
+    began = time.perf_counter()
+
+    # Stage 1: the starting model, the data, the plan
+    if model_factory is None:
+        model_factory, start_description = start_model_factory(config.name, branch, device)
+    model, tokenizer = model_factory()
+    device = str(next(model.parameters()).device)
+    was_training = model.training
+    model.eval()  # eval mode for everything: see the module docstring
+    initial_digest = models.parameter_digest(model)
+    load_seconds = time.perf_counter() - began
+    pad_id = tokenizer.pad_token_id
+    train = load_split_examples(tokenizer, "train")
+    examples = branch_examples(train, branch, config)
+    validation = load_split_examples(tokenizer, "validation")[: validation_limit or None]
+    identity = _identity(config, plan, examples, validation, initial_digest, pad_id, device)
+
+    # Stage 2: optimizer and data-order generator; fresh or restored from a state
+    parameters = [p for p in model.parameters() if p.requires_grad]
+    optimizer = torch.optim.AdamW(parameters, lr=plan.peak_lr, weight_decay=plan.weight_decay)
+    order_generator = torch.Generator().manual_seed(plan.data_order_seed)
+    if resume_from is None:
+        seed_everything(config.seed)
+        history, consumed = [], []
+        progress_state = {"epochs_done": 0, "updates_done": 0, "validation": []}
+        data_order = {"epoch": 0, "permutation": [], "cursor": 0}
+        resumed = None
+    else:
+        resume_from = Path(resume_from)
+        data.check_path_access("learning", resume_from)
+        saved, _ = state_lib.load_state(resume_from)
+        mismatch = state_lib.compare_states(saved["identity"], identity)
+        if not mismatch["equal"]:
+            raise ValueError(f"{resume_from} is the state of another run; identity differs in {mismatch['different_fields']}")
+        rest = state_lib.restore_state(saved, model=model, optimizer=optimizer, generators={"data_order": order_generator})
+        history, consumed = rest["history"], rest["consumed_ids"]
+        progress_state, data_order = rest["progress"], rest["data_order"]
+        if rest["scheduler"]["next_update"] != progress_state["updates_done"]:
+            raise ValueError(f"{resume_from}: scheduler position {rest['scheduler']} disagrees with {progress_state}")
+        resumed = {"path": str(resume_from), "sha256": sha256_file(resume_from), "epochs_done": progress_state["epochs_done"]}
+        del saved
+
+    # Stage 3: epochs of updates; validation and a full state after each epoch
+    stop = stop_after_epochs or plan.epochs
+    epoch_times, state_files = [], {}
+    with deterministic_algorithms():
+        if not progress_state["validation"]:
+            t0 = time.perf_counter()
+            progress_state["validation"].append({"epoch": 0, **validation_nll(model, validation, pad_id)})
+            epoch_times.append({"epoch": 0, "train_seconds": 0.0, "validation_seconds": time.perf_counter() - t0})
+        bar = _progress_bar(plan, progress_state["updates_done"], stop, progress)
+        for epoch in range(progress_state["epochs_done"] + 1, stop + 1):
+            t0 = time.perf_counter()
+            permutation = torch.randperm(len(examples), generator=order_generator).tolist()
+            data_order = {"epoch": epoch, "permutation": permutation, "cursor": 0}
+            for _ in range(plan.updates_per_epoch):
+                chosen = permutation[data_order["cursor"] : data_order["cursor"] + plan.batch_size]
+                data_order["cursor"] += len(chosen)
+                record = sft_update(model, optimizer, parameters, [examples[i] for i in chosen], pad_id, plan,
+                                     progress_state["updates_done"], epoch)
+                progress_state["updates_done"] += 1
+                history.append(record)
+                consumed.extend(f"epoch-{epoch}/{examples[i].id}" for i in chosen)
+                bar.update(1)
+                bar.set_postfix(epoch=epoch, loss=f"{record['loss']:.4f}", lr=f"{record['lr']:.2e}")
+            train_seconds = time.perf_counter() - t0
+            t0 = time.perf_counter()
+            progress_state["validation"].append({"epoch": epoch, **validation_nll(model, validation, pad_id)})
+            validation_seconds = time.perf_counter() - t0
+            progress_state["epochs_done"] = epoch
+            times = {"epoch": epoch, "train_seconds": train_seconds, "validation_seconds": validation_seconds}
+            snapshot = state_lib.capture_state(
+                model=model,
+                optimizer=optimizer,
+                scheduler={"kind": "warmup_linear_decay", "next_update": progress_state["updates_done"],
+                           "total_updates": plan.total_updates},
+                data_order=data_order,
+                generators={"data_order": order_generator},
+                history=history,
+                consumed_ids=consumed,
+                identity=identity,
+                progress=progress_state,
+            )
+            saved_info = state_lib.save_state(state_path(run_dir, epoch), snapshot, evidence={"times": times})
+            times["state_save_seconds"] = saved_info["save_seconds"]
+            state_files[f"states/epoch-{epoch}.pt.gz"] = {k: saved_info[k] for k in ("bytes", "raw_bytes", "sha256")}
+            epoch_times.append(times)
+            tqdm_write(bar, f"{branch} epoch {epoch}: validation NLL {progress_state['validation'][-1]['nll']:.4f}")
+        bar.close()
+    if was_training:
+        model.train()  # hand the model back as it came (it stays trained)
+
+    # Stage 4: the final model, reloaded and checked; history; manifest; FINISHED
+    finished = stop == plan.epochs
+    final_digest = models.parameter_digest(model)
+    manifest = {
+        "kind": "sft",
+        "branch": branch,
+        "preset": config.name,
+        "status": "finished" if finished else f"stopped after epoch {stop} of {plan.epochs}",
+        "config": config.to_dict(),
+        "config_fingerprint": config.fingerprint(),
+        "plan": plan.to_dict(),
+        "start_model": {"source": start_description or "given model factory", "parameter_digest": initial_digest},
+        "final_parameter_digest": final_digest,
+        "resumed_from": resumed,
+        "data_sha256": data_digests(),
+        "code_sha256": code_digests(),
+        "environment": environment(device),
+        "eval_mode": True,
+        "validation_nll": progress_state["validation"],
+        "validation_used_for_selection": False,
+        "counts": _counts(history, examples, validation, progress_state),
+        "times": {"load_seconds": load_seconds, "epochs": epoch_times},
+        "files": {"states": state_files},
+    }
+    write_json(run_dir / "history.json", {"updates": history, "validation": progress_state["validation"]})
+    if finished:
+        model_path = run_dir / "model.safetensors"
+        models.save_model(model, model_path)
+        fresh, _ = model_factory()
+        models.load_state_into(fresh, model_path)
+        reloaded = models.parameter_digest(fresh)
+        if reloaded != final_digest:
+            raise RuntimeError(f"{model_path} reloads with digest {reloaded}, the trained model has {final_digest}")
+        manifest["reloaded_parameter_digest"] = reloaded
+        manifest["files"]["model.safetensors"] = {"bytes": model_path.stat().st_size, "sha256": sha256_file(model_path)}
+    manifest["times"]["total_seconds"] = time.perf_counter() - began
+    write_json(run_dir / "manifest.json", manifest)
+    if finished:
+        mark_finished(run_dir, {"branch": branch, "final_parameter_digest": final_digest})
+    return manifest
+
+
+def sft_update(model, optimizer, parameters, batch_examples: list[Example], pad_id: int, plan: Plan,
+                update: int, epoch: int) -> dict:
+    """One AdamW update on a batch of examples; returns its history record."""
+    if model.training:
+        raise RuntimeError("SFT updates run in eval mode (dropout off); the model was switched to train mode")
+    lr = plan.lr(update)
+    for group in optimizer.param_groups:
+        group["lr"] = lr
+    batch = scoring.make_batch([e.prompt_ids for e in batch_examples], [e.response_ids for e in batch_examples], pad_id)
+    optimizer.zero_grad(set_to_none=True)
+    loss = scoring.sft_loss(model, batch)  # CE over every active token of the batch
+    if not torch.isfinite(loss):
+        raise FloatingPointError(f"update {update + 1}: non-finite SFT loss {loss.item()}")
+    loss.backward()
+    grad_norm = torch.nn.utils.clip_grad_norm_(parameters, plan.grad_clip, error_if_nonfinite=True)
+    optimizer.step()
+    return {
+        "update": update + 1,
+        "epoch": epoch,
+        "example_ids": [e.id for e in batch_examples],
+        "lr": lr,
+        "loss": float(loss.detach()),
+        "grad_norm": float(grad_norm),
+        "response_tokens": batch.num_active_tokens,
+        "tokens": int(batch.attention_mask.sum()),
+    }
+
+
+def _counts(history, examples, validation, progress_state) -> dict:
+    """What the run consumed: examples, tokens and forward passes (training and validation apart)."""
+    val_tokens = sum(len(e.prompt_ids) + len(e.response_ids) for e in validation)
+    evaluations = len(progress_state["validation"])
+    return {
+        "examples": len(examples),
+        "updates": len(history),
+        "train_sequence_forwards": sum(len(h["example_ids"]) for h in history),  # each also a backward
+        "train_batched_forwards": len(history),
+        "train_tokens": sum(h["tokens"] for h in history),
+        "train_supervised_tokens": sum(h["response_tokens"] for h in history),
+        "validation_evaluations": evaluations,
+        "validation_sequence_forwards": evaluations * len(validation),
+        "validation_tokens": evaluations * val_tokens,
+    }
+
+
+def _progress_bar(plan: Plan, done: int, stop_epoch: int, enabled: bool):
+    from tqdm.auto import tqdm
+
+    return tqdm(total=stop_epoch * plan.updates_per_epoch, initial=done, desc=plan.branch, unit="update",
+                disable=not enabled, dynamic_ncols=True)
+
+
+def tqdm_write(bar, text: str) -> None:
+    if not bar.disable:
+        bar.write(text)
+
+
+# -- 6. Resume check ------------------------------------------------------------------------------------
+
+
+def resume_check(
+    config: PresetConfig | str,
+    branch: str,
+    *,
+    run_dir: str | Path | None = None,
+    scratch_dir: str | Path | None = None,
+    model_factory: ModelFactory | None = None,
+    fresh_process: bool = True,
+    validation_limit: int | None = None,
+    device: str | None = None,
+    overwrite: bool = False,
+    progress: bool = True,
+) -> dict:
+    """Continuous run vs stop-after-epoch-1 + resume: compare the end states exactly.
+
+    1. the continuous run is the real run in `run_dir` (run now unless finished);
+    2. a second run from the same start stops after epoch 1 into `scratch_dir/stop`;
+    3. a fresh model, optimizer and generator resume from its saved state into
+       `scratch_dir/resume` (with `fresh_process`, steps 2 and 3 are separate
+       `python -m labkit sft` processes, with the real run's thread count);
+    4. the two end states (and the tensors of the two model.safetensors) are compared
+       with `state.compare_states`, and so are the two epoch-1 states (stop run
+       vs continuous run); the report goes to `run_dir/resume_report.json`, its
+       top-level `equal` True only when every field of both comparisons is equal.
+    Its cost (the stop and resume runs, the comparison) is reported apart from
+    the continuous run's.
+    """
+    from safetensors.torch import load_file
+
+    config = get_preset(config) if isinstance(config, str) else config
+    plan = make_plan(config, branch)
+    if plan.epochs < 2:
+        raise ValueError(f"a resume check needs at least 2 epochs, {branch} has {plan.epochs}")
+    run_dir = Path(run_dir) if run_dir is not None else default_run_dir(config.name, branch)
+    scratch_dir = Path(scratch_dir) if scratch_dir is not None else REPO_ROOT / "runs" / "scratch" / config.name / branch
+    report_path = run_dir / "resume_report.json"
+    if report_path.exists() and not overwrite:
+        raise FileExistsError(f"{report_path} exists; a resume report is evidence (pass overwrite=True to redo it)")
+    if fresh_process and model_factory is not None:
+        raise ValueError("a custom model_factory cannot cross into a fresh process; use fresh_process=False")
+    common = dict(model_factory=model_factory, validation_limit=validation_limit, device=device, progress=progress)
+
+    # 1. the continuous run
+    if not is_finished(run_dir):
+        run_branch(config, branch, run_dir, overwrite=overwrite, **common)
+    continuous = read_json(run_dir / "manifest.json")
+    if continuous.get("resumed_from"):
+        raise ValueError(f"{run_dir} was itself resumed; the check compares a continuous run with a resumed one")
+
+    # 2-3. stop after epoch 1, resume in a fresh setting
+    shutil.rmtree(scratch_dir, ignore_errors=True)
+    stop_dir, resume_dir = scratch_dir / "stop", scratch_dir / "resume"
+    threads = continuous["environment"]["torch_threads"]
+    t0 = time.perf_counter()
+    if fresh_process:
+        _run_in_fresh_process(config, branch, stop_dir, threads, validation_limit, device, ["--stop-after-epochs", "1"])
+    else:
+        run_branch(config, branch, stop_dir, stop_after_epochs=1, **common)
+    stop_seconds = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    boundary = state_path(stop_dir, 1)
+    if fresh_process:
+        _run_in_fresh_process(config, branch, resume_dir, threads, validation_limit, device, ["--resume-from", str(boundary)])
+    else:
+        run_branch(config, branch, resume_dir, resume_from=boundary, **common)
+    resume_seconds = time.perf_counter() - t0
+
+    # 4. compare the end states exactly (plus the final model files), and the epoch-1 states
+    t0 = time.perf_counter()
+    end_a, end_b = state_path(run_dir, plan.epochs), state_path(resume_dir, plan.epochs)
+    a, _ = state_lib.load_state(end_a)
+    b, _ = state_lib.load_state(end_b)
+    # the saved model files, tensor by tensor (not their bytes: safetensors writes its
+    # metadata in a random order, so two identical models can give different files)
+    a["final_model_file"] = load_file(str(run_dir / "model.safetensors"))
+    b["final_model_file"] = load_file(str(resume_dir / "model.safetensors"))
+    end = state_lib.compare_states(a, b)
+    del a, b
+    # the stop run's epoch 1 must also equal the continuous run's epoch 1 (the run is deterministic)
+    at_boundary = state_lib.compare_state_files(state_path(run_dir, 1), boundary)
+    compare_seconds = time.perf_counter() - t0
+    resumed = read_json(resume_dir / "manifest.json")
+    report = {
+        "equal": end["equal"] and at_boundary["equal"],
+        "branch": branch,
+        "preset": config.name,
+        "boundary": f"after epoch 1 of {plan.epochs} (a completed epoch: every update of it done, state saved)",
+        "continuous_state": str(end_a.relative_to(run_dir)),
+        "resumed_state": f"scratch: {end_b.relative_to(scratch_dir)} (not kept)",
+        "fresh_process": fresh_process,
+        "torch_threads": threads,
+        "timings_compared": False,
+        "end_state": end,
+        "boundary_state": {k: at_boundary[k] for k in ("equal", "compared_fields", "different_fields", "sections")},
+        "cost": {
+            "continuous_run_seconds": continuous["times"]["total_seconds"],
+            "extra_for_the_check": {
+                "stop_run_seconds": stop_seconds,
+                "resume_run_seconds": resume_seconds,
+                "compare_seconds": compare_seconds,
+                "total_seconds": stop_seconds + resume_seconds + compare_seconds,
+                "extra_updates": plan.total_updates,  # epoch 1 in the stop run + the rest in the resumed run
+            },
+            "resumed_run_epoch_times": resumed["times"]["epochs"],
+        },
+        "state_bytes": {
+            "continuous_end": end_a.stat().st_size,
+            "stop_boundary": boundary.stat().st_size,
+            "resumed_end": end_b.stat().st_size,
+        },
+    }
+    write_json(report_path, report)
+    return report
+
+
+def _run_in_fresh_process(config, branch, run_dir, threads, validation_limit, device, extra: list[str]) -> None:
+    """`python -m labkit sft ...` in a new interpreter: nothing in memory is shared with this one."""
+    if config != get_preset(config.name):
+        raise ValueError("a fresh process can only rebuild a preset's own config; use fresh_process=False")
+    cmd = [sys.executable, "-m", "labkit", "sft", "--preset", config.name, "--branch", branch,
+           "--run-dir", str(run_dir), "--threads", str(threads), "--overwrite", "--no-progress", *extra]
+    if validation_limit:
+        cmd += ["--validation-limit", str(validation_limit)]
+    if device:
+        cmd += ["--device", device]
+    subprocess.run(cmd, check=True, cwd=REPO_ROOT)

@@ -1,0 +1,203 @@
+"""labkit.sft and labkit.schedule: counts, schedule, overfit, exact resume, evidence rules.
+
+Runs use a randomly initialised tiny model and a shortened config (a few
+examples, 2 epochs of 2 updates), so the whole file takes seconds.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from labkit import config, data, models, schedule, sft, state
+from labkit.runs import RunExistsError, read_json
+from labkit.tokenizer import load_tiny_tokenizer
+
+# 2 epochs x 2 updates of 4 examples; 8 validation problems
+SHORT = config.TINY.with_overrides(warm_start_examples=8, warm_start_epochs=2, sft_batch_size=4)
+VALIDATION_LIMIT = 8
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    return load_tiny_tokenizer()
+
+
+@pytest.fixture(scope="module")
+def train_examples(tokenizer):
+    return sft.load_split_examples(tokenizer, "train")
+
+
+@pytest.fixture(scope="module")
+def factory(tokenizer):
+    return lambda: (models.new_tiny_model(0, tokenizer), tokenizer)
+
+
+@pytest.fixture(scope="module")
+def checked(tmp_path_factory, factory):
+    """A shortened warm start and its resume check (in-process, fresh objects)."""
+    root = tmp_path_factory.mktemp("sft")
+    report = sft.resume_check(SHORT, "warm_start", run_dir=root / "real", scratch_dir=root / "scratch",
+                              model_factory=factory, fresh_process=False, validation_limit=VALIDATION_LIMIT,
+                              progress=False)
+    return root, report
+
+
+# -- schedule -----------------------------------------------------------------------------------
+
+
+def test_schedule_hand_worked_values():
+    # total 10, warm-up ceil(1.0) = 1: peak at update 0, then linear to 0.1 * peak at update 9
+    values = schedule.schedule_values(10, 1.0)
+    assert values[0] == 1.0 and values[9] == pytest.approx(0.1, abs=1e-15)
+    assert values[5] == pytest.approx(1 - 0.9 * 5 / 9, abs=1e-15)
+    # the protocol's three schedules
+    assert [schedule.warmup_updates(t, 0.1) for t in (48, 218, 200)] == [5, 22, 20]
+    warm = schedule.schedule_values(48, 1e-3)
+    assert warm[0] == pytest.approx(2e-4) and warm[4] == 1e-3 and warm[47] == pytest.approx(1e-4)
+    grpo = schedule.schedule_values(200, 1e-6)
+    assert grpo[19] == 1e-6 and grpo[199] == pytest.approx(1e-7) and max(grpo) == 1e-6
+    assert all(a >= b for a, b in zip(grpo[19:], grpo[20:]))  # decays monotonically after warm-up
+    with pytest.raises(ValueError, match="update index"):
+        schedule.warmup_linear_decay(48, 48, 1e-3)
+
+
+# -- counts and data ------------------------------------------------------------------------------
+
+
+def test_protocol_counts():
+    for preset in (config.TINY, config.QWEN):
+        warm, more = sft.make_plan(preset, "warm_start"), sft.make_plan(preset, "sft")
+        assert (warm.examples, warm.epochs, warm.batch_size, warm.updates_per_epoch, warm.total_updates) == (128, 3, 8, 16, 48)
+        assert (more.examples, more.epochs, more.batch_size, more.updates_per_epoch, more.total_updates) == (872, 2, 8, 109, 218)
+    assert sft.make_plan(config.QWEN, "sft").peak_lr == 2e-5 and sft.make_plan(config.TINY, "sft").peak_lr == 1e-3
+    with pytest.raises(ValueError, match="unknown SFT branch"):
+        sft.make_plan(config.TINY, "grpo")
+
+
+def test_branch_examples_are_the_first_128_and_the_other_872(tokenizer, train_examples):
+    train = train_examples
+    warm = sft.branch_examples(train, "warm_start", config.TINY)
+    more = sft.branch_examples(train, "sft", config.TINY)
+    assert [e.id for e in warm] == [f"train-{i:04d}" for i in range(128)]
+    assert [e.id for e in more] == [f"train-{i:04d}" for i in range(128, 1000)]
+    assert all(e.response_ids[-1] == tokenizer.eos_token_id for e in warm + more)  # EOS is supervised
+
+
+def test_learning_phase_refuses_test_data(tokenizer):
+    with pytest.raises(data.PhaseError, match="learning may not open test"):
+        sft.load_split_examples(tokenizer, "test")
+
+
+# -- one update -----------------------------------------------------------------------------------
+
+
+def test_loss_decreases_on_a_tiny_overfit(tokenizer, train_examples):
+    model = models.new_tiny_model(0, tokenizer)
+    examples = train_examples[:2]
+    plan = sft.make_plan(config.TINY.with_overrides(warm_start_examples=2, warm_start_epochs=12, sft_batch_size=2), "warm_start")
+    params = list(model.parameters())
+    optimizer = torch.optim.AdamW(params, lr=plan.peak_lr)
+    losses = [sft.sft_update(model, optimizer, params, examples, tokenizer.pad_token_id, plan, k, 1)["loss"]
+              for k in range(plan.total_updates)]
+    assert losses[0] > 5.0  # random init over 512 ids: about log(512) = 6.2
+    assert losses[-1] < 0.5 * losses[0], losses
+
+
+def test_update_refuses_train_mode(tokenizer):
+    model = models.new_tiny_model(0, tokenizer).train()
+    examples = sft.load_split_examples(tokenizer, "validation")[:2]
+    params = list(model.parameters())
+    with pytest.raises(RuntimeError, match="eval mode"):
+        sft.sft_update(model, torch.optim.AdamW(params), params, examples, tokenizer.pad_token_id,
+                       sft.make_plan(SHORT, "warm_start"), 0, 1)
+
+
+def test_same_threads_same_numbers(tokenizer, train_examples):
+    """Two runs of the same updates give bitwise-equal weights (the thread count is held fixed)."""
+    examples = train_examples[:8]
+    plan = sft.make_plan(SHORT, "warm_start")
+    digests = []
+    for _ in range(2):
+        model = models.new_tiny_model(0, tokenizer)
+        params = list(model.parameters())
+        optimizer = torch.optim.AdamW(params, lr=plan.peak_lr)
+        with sft.deterministic_algorithms():
+            for k in range(2):
+                sft.sft_update(model, optimizer, params, examples[4 * k : 4 * k + 4], tokenizer.pad_token_id, plan, k, 1)
+        digests.append(models.parameter_digest(model))
+    assert digests[0] == digests[1]
+
+
+# -- the run, its evidence and its resume -----------------------------------------------------------
+
+
+def test_resume_equals_continuous_exactly(checked):
+    root, report = checked
+    assert report["equal"] is True
+    end = report["end_state"]
+    assert end["equal"] is True and end["different_fields"] == []
+    for section in state.STATE_SECTIONS + ("final_model_file",):
+        assert end["sections"][section]["equal"] is True, section
+    assert report["boundary_state"]["equal"] is True
+    assert read_json(root / "real" / "resume_report.json")["equal"] is True
+    resumed = read_json(root / "scratch" / "resume" / "manifest.json")
+    assert resumed["resumed_from"]["epochs_done"] == 1
+    assert resumed["counts"]["updates"] == 4  # the history carried over: 2 before the stop, 2 after
+
+
+def test_run_evidence(checked, factory):
+    root, _ = checked
+    manifest = read_json(root / "real" / "manifest.json")
+    history = read_json(root / "real" / "history.json")
+    assert manifest["status"] == "finished" and (root / "real" / "FINISHED").exists()
+    assert manifest["counts"]["updates"] == 4 and len(history["updates"]) == 4
+    assert [v["epoch"] for v in manifest["validation_nll"]] == [0, 1, 2]
+    assert manifest["validation_used_for_selection"] is False and manifest["eval_mode"] is True
+    assert manifest["start_model"]["parameter_digest"] != manifest["final_parameter_digest"]
+    assert manifest["reloaded_parameter_digest"] == manifest["final_parameter_digest"]
+    model, _ = factory()
+    models.load_state_into(model, root / "real" / "model.safetensors")
+    assert models.parameter_digest(model) == manifest["final_parameter_digest"]
+    assert set(manifest["files"]["states"]) == {"states/epoch-1.pt.gz", "states/epoch-2.pt.gz"}
+    # each epoch used every example once, in a permutation
+    for epoch in (1, 2):
+        ids = [i for h in history["updates"] if h["epoch"] == epoch for i in h["example_ids"]]
+        assert sorted(ids) == [f"train-{i:04d}" for i in range(8)]
+    # the loss is the mean over the batch's active tokens, and the learning rates follow the schedule
+    assert [h["lr"] for h in history["updates"]] == schedule.schedule_values(4, SHORT.sft_lr)
+
+
+def test_finished_run_refuses_overwrite(checked, factory):
+    root, _ = checked
+    with pytest.raises(RunExistsError, match="never overwritten"):
+        sft.run_branch(SHORT, "warm_start", root / "real", model_factory=factory, progress=False)
+    with pytest.raises(FileExistsError, match="resume report is evidence"):
+        sft.resume_check(SHORT, "warm_start", run_dir=root / "real", scratch_dir=root / "scratch",
+                         model_factory=factory, fresh_process=False, progress=False)
+
+
+def test_a_resume_that_loses_the_data_order_is_caught(checked, factory, tmp_path):
+    """A state whose data-order generator was not saved properly: the resumed run ends elsewhere."""
+    root, _ = checked
+    boundary, evidence = state.load_state(root / "scratch" / "stop" / "states" / "epoch-1.pt.gz")
+    boundary["generators"]["data_order"] = torch.Generator().manual_seed(0).get_state()  # the bug
+    broken = tmp_path / "broken.pt.gz"
+    state.save_state(broken, boundary, evidence)
+    sft.run_branch(SHORT, "warm_start", tmp_path / "resumed", model_factory=factory, resume_from=broken,
+                   validation_limit=VALIDATION_LIMIT, progress=False)
+    report = state.compare_state_files(root / "real" / "states" / "epoch-2.pt.gz",
+                                       tmp_path / "resumed" / "states" / "epoch-2.pt.gz")
+    assert report["equal"] is False
+    assert "generators/data_order" in report["different_fields"]
+    assert "data_order/permutation" in report["different_fields"]
+    assert any(p.startswith("model/") for p in report["different_fields"])
+
+
+def test_resume_refuses_another_runs_state(checked, factory, tmp_path):
+    root, _ = checked
+    other = SHORT.with_overrides(sft_lr=5e-4)
+    with pytest.raises(ValueError, match="identity differs in .*config_fingerprint"):
+        sft.run_branch(other, "warm_start", tmp_path / "x", model_factory=factory, progress=False,
+                       resume_from=root / "scratch" / "stop" / "states" / "epoch-1.pt.gz",
+                       validation_limit=VALIDATION_LIMIT)
