@@ -25,8 +25,9 @@ Choices, each for a reason:
   generator; the generator's state, the permutation and the cursor are part of
   the saved state, so a resumed run draws the same next permutation.
 * **Validation NLL** (per token, over the 200 validation problems' target
-  responses) before training and after every epoch: logged, never used to
-  pick a checkpoint.  The final model is the one after the last epoch, always.
+  responses) before training and after every epoch, and the final model's
+  greedy accuracy on them: logged, never used to pick a checkpoint.  The final
+  model is the one after the last epoch, always.
 * **Determinism**: fixed seeds, `torch.use_deterministic_algorithms(True)`
   during the run, and the same thread count.  On the CPU the thread count
   *does* change the numbers (measured on the tiny model: 1 vs 2 threads give
@@ -195,6 +196,41 @@ def validation_nll(model, examples: list[Example], pad_id: int, batch_size: int 
         total += float(-logp.double().sum())
         tokens += batch.num_active_tokens
     return {"nll": total / tokens, "tokens": tokens, "examples": len(examples)}
+
+
+@torch.no_grad()
+def greedy_validation(model, tokenizer, examples: list[Example], sampler: str = "fast") -> dict:
+    """Greedy pass@1 of the final model on the validation problems, scored by the verifier.
+
+    Measured once, after training, on the final model: it reports what the
+    branch reached and chooses nothing.  The fast sampler's greedy tokens are
+    checked equal to the reference sampler's in tests/test_sampling.py.
+    Returns {"sampler", "problems", "correct", "accuracy", "json_valid",
+    "missing_eos", "mean_response_tokens", "reasons"}.
+    """
+    from . import sampling, verifier
+
+    labels = {r["id"]: r for r in data.open_records("labels", "validation", "learning")}
+    rollouts = sampling.get_sampler(sampler)(
+        model, tokenizer, [list(e.prompt_ids) for e in examples], greedy=True, problem_ids=[e.id for e in examples]
+    )
+    verdicts = [verifier.score(r.text, r.finish_reason, labels[r.prompt_id]["problem"], r.tokenization_valid)
+                for r in rollouts]
+    reasons: dict[str, int] = {}
+    for v in verdicts:
+        if v.reason is not None:
+            reasons[v.reason] = reasons.get(v.reason, 0) + 1
+    correct = sum(v.reward for v in verdicts)
+    return {
+        "sampler": sampler,
+        "problems": len(verdicts),
+        "correct": correct,
+        "accuracy": correct / len(verdicts),
+        "json_valid": sum(v.valid for v in verdicts) / len(verdicts),
+        "missing_eos": sum(r.finish_reason != "eos" for r in rollouts),
+        "mean_response_tokens": sum(len(r.response_ids) for r in rollouts) / len(rollouts),
+        "reasons": dict(sorted(reasons.items())),
+    }
 
 
 # -- 4. Helpers: determinism, digests, environment -------------------------------------------------
@@ -463,6 +499,9 @@ def run_branch(
         if reloaded != final_digest:
             raise RuntimeError(f"{model_path} reloads with digest {reloaded}, the trained model has {final_digest}")
         manifest["reloaded_parameter_digest"] = reloaded
+        t0 = time.perf_counter()
+        manifest["validation_greedy"] = greedy_validation(fresh.to(device).eval(), tokenizer, validation)
+        manifest["times"]["greedy_validation_seconds"] = time.perf_counter() - t0
         manifest["files"]["model.safetensors"] = {"bytes": model_path.stat().st_size, "sha256": sha256_file(model_path)}
     manifest["times"]["total_seconds"] = time.perf_counter() - began
     write_json(run_dir / "manifest.json", manifest)

@@ -66,6 +66,9 @@ class Problem:
         missing = {"initial", "deliveries", "withdrawals"} - set(d)
         if missing:
             raise ValueError(f"problem {d!r} lacks the field(s) {sorted(missing)}")
+        for name in ("deliveries", "withdrawals"):
+            if not isinstance(d[name], (list, tuple)):
+                raise ValueError(f"problem field {name!r} must be a list of 2 integers, got {d[name]!r}")
         return cls(d["initial"], tuple(d["deliveries"]), tuple(d["withdrawals"])).validated()
 
     def to_dict(self) -> dict:

@@ -12,8 +12,8 @@ loopback address is blocked and counted as a failure.  For every page it checks:
 - every internal link resolves to an existing file, and its `#anchor`, if any, to an element
   with that id (or name) on the target page.
 
-It saves full-page screenshots of the landing page and of the exact-KL chapter into
---screenshots, then prints a summary (pages, requests, failures, formulas typeset) and exits 1
+It saves full-page screenshots of the landing page, of the exact-KL chapter and of the glossary
+(formulas) into --screenshots, then prints a summary (pages, requests, failures, formulas typeset) and exits 1
 if anything failed.
 
 Usage: python tests/browser_check.py [_build/html] [--screenshots _build/screenshots]
@@ -53,6 +53,7 @@ CHROMIUM_FLAGS = [
 ]
 LANDING_PAGE = "book/intro.html"
 KL_CHAPTER = "notebooks/05_exact_kl.html"
+FORMULA_PAGE = "book/glossary.html"  # formulas in every build, even before the KL chapter lands
 NAVIGATION_TIMEOUT_MS = 30_000
 MATHJAX_TIMEOUT_MS = 20_000
 
@@ -179,7 +180,8 @@ def check_book(html_dir: Path, screenshots: Path) -> int:
         return 1
     pages = book_pages(html_dir)
     screenshots.mkdir(parents=True, exist_ok=True)
-    wanted_shots = {LANDING_PAGE: screenshots / "landing.png", KL_CHAPTER: screenshots / "kl_chapter.png"}
+    wanted_shots = {LANDING_PAGE: screenshots / "landing.png", KL_CHAPTER: screenshots / "kl_chapter.png",
+                    FORMULA_PAGE: screenshots / "glossary.png"}
     for shot in wanted_shots.values():  # a screenshot left from an earlier build would mislead
         shot.unlink(missing_ok=True)
 

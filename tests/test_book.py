@@ -103,11 +103,14 @@ def test_protocol_page_states_every_config_value_of_both_presets():
 
 def test_protocol_page_states_the_tiny_model_size():
     from labkit import models
+    from labkit.tokenizer import load_tiny_tokenizer
 
     text = (REPO_ROOT / "book" / "protocol.md").read_text(encoding="utf-8")
-    count = models.count_unique_parameters(models.new_tiny_model())
-    assert f"| 494,032,768 | {count:,} |" in text
     arch = models.TINY_ARCH
-    assert (f"| 128 / 4 / 4 / 2 / 512 |" in text and
-            (arch["hidden_size"], arch["num_hidden_layers"], arch["num_attention_heads"],
-             arch["num_key_value_heads"], arch["intermediate_size"]) == (128, 4, 4, 2, 512))
+    count = models.count_unique_parameters(models.new_tiny_model())
+    shape = (f"{arch['hidden_size']} / {arch['num_hidden_layers']} / {arch['num_attention_heads']} / "
+             f"{arch['num_key_value_heads']} / {arch['intermediate_size']:,}")
+    vocab = f"{arch['vocab_size']:,} / {len(load_tiny_tokenizer()):,}"
+    for row in (f"| 494,032,768 | {count:,} |", f"| 896 / 24 / 14 / 2 / 4,864 | {shape} |",
+                f"| 151,936 / 151,665 | {vocab} |"):
+        assert row in text, f"book/protocol.md lacks {row!r}: update it from labkit/models.py"

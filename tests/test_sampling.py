@@ -20,6 +20,15 @@ PROBLEMS = [
 ]
 
 
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():
+    """The tiny model gains nothing from threads, and on a shared 2-core machine they oversubscribe."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
 @pytest.fixture(scope="module")
 def tokenizer():
     return load_tiny_tokenizer()
@@ -72,20 +81,34 @@ def test_fast_equals_reference(model, tokenizer, prompts, digest, greedy):
         assert reference[0].response_ids != reference[1].response_ids
 
 
-def test_eos_stops_both_samplers_and_is_removed_from_the_text(model, tokenizer, prompts, digest):
-    """Declare a token of a greedy response to be EOS: both samplers must stop right after it."""
-    kwargs = dict(greedy=True, max_new_tokens=NEW_TOKENS, policy_digest=digest)
-    free = sampling.sample_reference(model, tokenizer, prompts, **kwargs)
-    stop_token = free[0].response_ids[3]
-    stop_at = free[0].response_ids.index(stop_token)
+@pytest.mark.parametrize("greedy", [True, False])
+def test_eos_stops_both_samplers_and_is_removed_from_the_text(model, tokenizer, prompts, digest, greedy):
+    """Declare a token of one response to be EOS: every rollout stops right after its first occurrence.
+
+    In the fast batch, rows then finish at different steps while the others run on;
+    a finished row must stop drawing noise so the others keep their own streams.
+    """
+    flat = prompts if greedy else [p for p in prompts for _ in range(2)]
+    seeds = None if greedy else list(range(20, 20 + len(flat)))
+    kwargs = dict(greedy=greedy, max_new_tokens=NEW_TOKENS, policy_digest=digest)
+    free = sampling.sample_reference(model, tokenizer, flat, seeds, eos_token_id=-1, **kwargs)  # never stops
+
+    def cut(ids, stop):
+        return ids[: ids.index(stop) + 1] if stop in ids else ids
+
+    # Of the generated tokens, the one that makes rows stop at the most different steps.
+    stop_token = max(sorted({t for f in free for t in f.response_ids}), key=lambda t: len({len(cut(f.response_ids, t)) for f in free}))
+    expected = [cut(f.response_ids, stop_token) for f in free]
+    assert len({len(e) for e in expected}) > 1  # rows really finish at different steps
     for sampler in (sampling.sample_reference, sampling.sample_fast):
-        rollouts = sampler(model, tokenizer, prompts, eos_token_id=stop_token, **kwargs)
-        assert rollouts[0].response_ids == free[0].response_ids[: stop_at + 1]
-        assert rollouts[0].finish_reason == "eos"
-        assert rollouts[0].text == sampling.decode_response(tokenizer, free[0].response_ids[:stop_at], stop_token)[0]
-        for r, f in zip(rollouts[1:], free[1:]):  # the other rows of the fast batch run on
-            cut = f.response_ids.index(stop_token) + 1 if stop_token in f.response_ids else len(f.response_ids)
-            assert r.response_ids == f.response_ids[:cut]
+        rollouts = sampler(model, tokenizer, flat, seeds, eos_token_id=stop_token, **kwargs)
+        assert [r.response_ids for r in rollouts] == expected
+        for r in rollouts:
+            if r.response_ids[-1] == stop_token:
+                assert r.finish_reason == "eos"
+                assert r.text == sampling.decode_response(tokenizer, r.response_ids[:-1], tokenizer.eos_token_id)[0]
+            else:
+                assert r.finish_reason == "length" and len(r.response_ids) == NEW_TOKENS
 
 
 def test_length_stop_is_recorded(model, tokenizer, prompts, digest):
@@ -160,16 +183,27 @@ def test_undecodable_ids_are_visible_and_invalidate(tokenizer):
 
 
 def test_sampled_undecodable_ids_mark_the_rollout(model, tokenizer, prompts, digest):
-    """Nothing is excluded from the vocabulary, so a random model does sample ids 494..511."""
-    rollouts = sampling.sample_fast(model, tokenizer, [prompts[0]] * 8, list(range(8)), max_new_tokens=NEW_TOKENS,
-                                    policy_digest=digest)
-    with_bad = [r for r in rollouts if any(i >= len(tokenizer) for i in r.response_ids)]
-    assert with_bad, "expected at least one sampled id outside the tokenizer in 8 x 12 draws"
+    """Nothing is excluded from the vocabulary, so ids 494..511 can be sampled.
+
+    A hook adds 4 to the logit of id 500 (about 10% probability) so that some, not
+    all, of the sampled tokens are undecodable; greedy with +100 picks only 500.
+    """
+    boost = torch.zeros(model.config.vocab_size)
+    boost[500] = 4.0
+    handle = model.lm_head.register_forward_hook(lambda module, args, out: out + boost)
+    try:
+        kwargs = dict(max_new_tokens=NEW_TOKENS, policy_digest=digest)
+        rollouts = sampling.sample_fast(model, tokenizer, [prompts[0]] * 8, list(range(8)), **kwargs)
+        boost[500] = 100.0
+        (greedy,) = sampling.sample_reference(model, tokenizer, prompts[:1], greedy=True, **kwargs)
+    finally:
+        handle.remove()
+    assert any(500 in r.response_ids for r in rollouts) and not all(500 in r.response_ids for r in rollouts)
     for r in rollouts:
-        bad = [i for i in r.response_ids if i >= len(tokenizer)]
-        assert r.tokenization_valid == (not bad)
-        for i in bad:
-            assert f"<|undecodable:{i}|>" in r.text
+        assert r.tokenization_valid == (500 not in r.response_ids)
+        assert r.text.count("<|undecodable:500|>") == r.response_ids.count(500)
+    assert greedy.response_ids == [500] * NEW_TOKENS and not greedy.tokenization_valid
+    assert greedy.text == "<|undecodable:500|>" * NEW_TOKENS and greedy.finish_reason == "length"
 
 
 def test_rollout_record_is_complete_and_serialisable(model, tokenizer, prompts, digest):

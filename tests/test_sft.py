@@ -95,7 +95,9 @@ def test_learning_phase_refuses_test_data(tokenizer):
 def test_loss_decreases_on_a_tiny_overfit(tokenizer, train_examples):
     model = models.new_tiny_model(0, tokenizer)
     examples = train_examples[:2]
-    plan = sft.make_plan(config.TINY.with_overrides(warm_start_examples=2, warm_start_epochs=12, sft_batch_size=2), "warm_start")
+    # 5e-3 rather than the preset's 1e-3, so that 12 updates on 2 examples are enough to overfit
+    overfit = config.TINY.with_overrides(warm_start_examples=2, warm_start_epochs=12, sft_batch_size=2, sft_lr=5e-3)
+    plan = sft.make_plan(overfit, "warm_start")
     params = list(model.parameters())
     optimizer = torch.optim.AdamW(params, lr=plan.peak_lr)
     losses = [sft.sft_update(model, optimizer, params, examples, tokenizer.pad_token_id, plan, k, 1)["loss"]
@@ -160,6 +162,8 @@ def test_run_evidence(checked, factory):
     models.load_state_into(model, root / "real" / "model.safetensors")
     assert models.parameter_digest(model) == manifest["final_parameter_digest"]
     assert set(manifest["files"]["states"]) == {"states/epoch-1.pt.gz", "states/epoch-2.pt.gz"}
+    greedy = manifest["validation_greedy"]  # measured on the reloaded final model, chooses nothing
+    assert greedy["problems"] == VALIDATION_LIMIT and greedy["correct"] + sum(greedy["reasons"].values()) == VALIDATION_LIMIT
     # each epoch used every example once, in a permutation
     for epoch in (1, 2):
         ids = [i for h in history["updates"] if h["epoch"] == epoch for i in h["example_ids"]]

@@ -183,6 +183,11 @@ def main(argv: list[str] | None = None) -> int:
 
     print(f"exact prefix KL, {args.prefixes} prefixes x {args.vocab:,} entries, float32, CPU, "
           f"{torch.get_num_threads()} thread(s), block {args.block_size}, median of {args.repeats}")
+    if hasattr(os, "getloadavg"):
+        # The blocked loop runs ~40 times more (smaller) parallel operations than the naive
+        # one; when other processes crowd the cores, each waits on its slowest thread.
+        print(f"machine: {os.cpu_count()} CPU(s), load average {os.getloadavg()[0]:.1f} at the end "
+              f"(time ratios are only meaningful on an otherwise idle machine, or with --threads 1)")
     print(f"agreement: mean KL {kl_mean:.4f}; max |KL blocked - naive| = {value_diff:.1e}, "
           f"max |gradient difference| = {grad_diff:.1e}")
     print(f"max |KL - float64 reference|: naive {errors['naive']:.1e}, blocked {errors['blocked']:.1e}")
