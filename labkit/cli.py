@@ -76,11 +76,13 @@ def cmd_sft(args: argparse.Namespace) -> int:
     manifest = sft.run_branch(
         args.preset, branch, args.run_dir, stop_after_epochs=args.stop_after_epochs, resume_from=args.resume_from,
         validation_limit=args.validation_limit, device=args.device, overwrite=args.overwrite,
-        progress=not args.no_progress,
+        progress=not args.no_progress, greedy_eval=not args.no_greedy_eval,
     )
     nll = ", ".join(f"{v['nll']:.4f}" for v in manifest["validation_nll"])
+    greedy = manifest.get("validation_greedy")
+    accuracy = f", greedy validation accuracy {greedy['accuracy']:.1%}" if greedy else ""
     print(f"{branch} ({manifest['status']}): {manifest['counts']['updates']} updates, validation NLL per epoch "
-          f"[{nll}], {manifest['times']['total_seconds']:.1f} s")
+          f"[{nll}]{accuracy}, {manifest['times']['total_seconds']:.1f} s")
     return 0
 
 
@@ -138,12 +140,67 @@ def cmd_grpo_resume_check(args: argparse.Namespace) -> int:
     return 0 if report["equal"] else 1
 
 
+def cmd_group_size(args: argparse.Namespace) -> int:
+    """Chapter 8's exercise (labkit.group_size): G=2 and G=8 branches, resume checks, evaluation, budget,
+    protection of the main runs; into runs/<preset>/group_size/."""
+    import torch
+
+    from . import group_size
+
+    if args.threads is not None:
+        torch.set_num_threads(args.threads)  # results are recorded with the thread count
+    manifest = group_size.run_exercise(args.preset, device=args.device, progress=not args.no_progress)
+    out = group_size.runs_root_of(args.preset) / "group_size"
+    from .runs import read_json
+
+    group_size.print_budget_table(read_json(out / "budget.json"))
+    print(f"protection: unchanged={manifest['protection_unchanged']} ({out / 'protection.json'}); "
+          f"{manifest['seconds']:.1f} s")
+    return 0 if manifest["protection_unchanged"] else 1
+
+
 def cmd_student(args: argparse.Namespace) -> int:
     """Write the student copy of every chapter: solutions become "your turn" stubs (labkit/student.py)."""
     from . import student
 
     for path, count in student.write_student_copies(args.out, args.notebooks or None):
         print(f"{path}: {count} exercise(s) stubbed")
+    return 0
+
+
+def cmd_evaluate(args: argparse.Namespace) -> int:
+    """Greedy + 4 seeded samples per test problem for one policy or all, then rescore into results.json."""
+    import torch
+
+    from . import evaluate
+
+    if args.threads is not None:
+        torch.set_num_threads(args.threads)
+    statuses = evaluate.run_evaluations(
+        args.preset, args.policy, sampler=args.sampler, device=args.device, limit=args.limit,
+        max_new_tokens=args.max_new_tokens, batch_size=args.batch_size, overwrite=args.overwrite,
+    )
+    for policy, status in statuses:
+        print(f"{policy}: {status}")
+    return cmd_results(args)
+
+
+def cmd_results(args: argparse.Namespace) -> int:
+    """Recompute runs/<preset>/evaluation/results.json from the raw predictions (or only check it)."""
+    from . import evaluate
+    from .runs import read_json
+
+    root = evaluate.evaluation_root(args.preset, args.limit)
+    for message in evaluate.stale_evaluations(args.preset, root):
+        print(f"stale: {message}", file=sys.stderr)
+    if getattr(args, "check", False):
+        same = evaluate.check_results(args.preset, root)
+        print(f"{root / evaluate.RESULTS_FILE}: " + ("reproduces byte for byte from the predictions" if same
+                                                      else "MISSING or differs from a recomputation"))
+        return 0 if same else 1
+    path = evaluate.write_results(args.preset, root)
+    print(evaluate.markdown_table(evaluate.results_table(read_json(path))), end="")
+    print(f"wrote {path}")
     return 0
 
 
@@ -214,6 +271,7 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument("--stop-after-epochs", type=int, default=None, help="stop after N epochs (resume checks)")
         p.add_argument("--resume-from", type=Path, default=None, help="a saved state of the same run to continue")
         p.add_argument("--validation-limit", type=int, default=None, help="score only the first N validation problems")
+        p.add_argument("--no-greedy-eval", action="store_true", help="skip the final greedy validation accuracy")
         p.set_defaults(func=cmd_sft, branch_fixed=fixed)
 
     p = sub.add_parser("sft-resume-check", help="SFT: stop after epoch 1, resume, compare with the continuous run")
@@ -221,10 +279,39 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--branch", default="both", choices=["warm_start", "sft", "both"], help="(default: %(default)s)")
     p.set_defaults(func=cmd_sft_resume_check)
 
+    p = sub.add_parser("group-size", help="chapter 8: G=2 and G=8 for 20 iterations from the warm start, "
+                                          "resume checks, evaluation, budget, protection of the main runs")
+    p.add_argument("--preset", default="tiny", choices=["tiny", "qwen"], help="model preset (default: %(default)s)")
+    p.add_argument("--device", default=None, help="cpu or cuda (default: cuda for qwen when present, else cpu)")
+    p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's)")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.set_defaults(func=cmd_group_size)
+
     p = sub.add_parser("student", help="write the student copies of the notebooks (solution cells stubbed)")
     p.add_argument("--out", type=Path, default=Path("student"), help="output folder (default: %(default)s/)")
     p.add_argument("notebooks", nargs="*", type=Path, help="notebooks to copy (default: every notebooks/*.ipynb)")
     p.set_defaults(func=cmd_student)
+
+    p = sub.add_parser("evaluate", help="test evaluation: greedy + 4 seeded samples per problem, then results.json")
+    p.add_argument("--preset", default="tiny", choices=["tiny", "qwen"], help="model preset (default: %(default)s)")
+    p.add_argument("--device", default=None, help="cpu or cuda (default: cuda for qwen when present, else cpu)")
+    p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's)")
+    p.add_argument("--overwrite", action="store_true", help="replace a finished evaluation (evidence: normally refused)")
+    p.add_argument("--policy", default="all", choices=["all", "warm_start", "sft", "grpo", "grpo_g2", "grpo_g8"],
+                   help="all: every policy with a finished run, keeping finished evaluations (default: %(default)s)")
+    p.add_argument("--sampler", default="fast", choices=["fast", "reference"],
+                   help="fast: batched KV cache, same tokens as reference; reference: no KV cache (default: %(default)s)")
+    p.add_argument("--batch-size", type=int, default=100, help="fast sampler rows per batch (default: %(default)s)")
+    p.add_argument("--limit", type=int, default=None,
+                   help="a trial on the first N problems of each population, written to evaluation/trials/limit-N")
+    p.add_argument("--max-new-tokens", type=int, default=64, help="response token limit (default: %(default)s)")
+    p.set_defaults(func=cmd_evaluate)
+
+    p = sub.add_parser("results", help="recompute results.json from the saved predictions and the test labels")
+    p.add_argument("--preset", default="tiny", choices=["tiny", "qwen"], help="model preset (default: %(default)s)")
+    p.add_argument("--check", action="store_true", help="only check that results.json reproduces byte for byte")
+    p.add_argument("--limit", type=int, default=None, help="the trial on N problems per population (evaluation/trials)")
+    p.set_defaults(func=cmd_results)
 
     return parser
 

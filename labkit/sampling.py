@@ -19,6 +19,10 @@ so with the same seeds they give the same tokens:
     so a batched sampler that only draws for unfinished rows consumes the same
     stream as the sequential one.
 
+Only the EOS id (`tokenizer.eos_token_id`: `<|im_end|>`, 151645 for Qwen) stops a
+rollout; `<|endoftext|>` is an ordinary special token here and stays in the text
+(Qwen's own generation_config also stops on it; the protocol names one EOS).
+
 The **behaviour log-prob** of each sampled token (EOS included) is
 log_softmax(logits)[token] from the real logits at sampling time.  GRPO's old
 policy log-probs are these numbers; `check_recorded_logprobs` is the
@@ -33,7 +37,7 @@ from dataclasses import asdict, dataclass, field
 
 import torch
 
-from . import scoring
+from . import scoring, verifier
 
 MAX_NEW_TOKENS = scoring.MAX_RESPONSE_TOKENS
 LOGPROB_TOLERANCE = 2e-4  # the protocol's tolerance for recorded vs re-scored log-probs
@@ -509,8 +513,6 @@ def sample_group(model, tokenizer, problem_id: str, statement: str, problem, G: 
     The verifier sees the problem's structure, never the model; the model sees
     only the prompt built from the statement.  Every rollout keeps `problem_id`.
     """
-    from .verifier import score
-
     if len(seeds) != G:
         raise ValueError(f"{len(seeds)} seeds for a group of G={G}; each response has its own seed")
     prompt = scoring.build_prompt_ids(tokenizer, statement)
@@ -518,7 +520,7 @@ def sample_group(model, tokenizer, problem_id: str, statement: str, problem, G: 
         model, tokenizer, [prompt] * G, list(seeds), max_new_tokens=max_new_tokens,
         problem_ids=[problem_id] * G, rollout_ids=rollout_ids, policy_digest=policy_digest,
     )
-    verdicts = [score(r.text, r.finish_reason, problem, r.tokenization_valid) for r in rollouts]
+    verdicts = [verifier.score(r.text, r.finish_reason, problem, r.tokenization_valid) for r in rollouts]
     return Group(problem_id=problem_id, prompt_ids=prompt, rollouts=rollouts, verdicts=verdicts,
                  rewards=[float(v.reward) for v in verdicts])
 

@@ -31,8 +31,9 @@ Choices, each for a reason:
 * **Determinism**: fixed seeds, `torch.use_deterministic_algorithms(True)`
   during the run, and the same thread count.  On the CPU the thread count
   *does* change the numbers (measured on the tiny model: 1 vs 2 threads give
-  the same first loss, then losses that differ in the 7th significant digit,
-  because matrix products split their sums differently), so the thread count
+  the same first loss, then losses that differ by about 1e-7 relative from the
+  second update on, because matrix products split their sums differently,
+  so the weights differ bitwise), so the thread count
   and the device are part of a run's identity: a resume with another thread
   count is refused, and the resume check runs with the real run's count.
 
@@ -350,6 +351,7 @@ def run_branch(
     device: str | None = None,
     overwrite: bool = False,
     progress: bool = True,
+    greedy_eval: bool = True,
 ) -> dict:
     """Train one SFT branch into `run_dir`; returns the manifest.
 
@@ -360,6 +362,8 @@ def run_branch(
     resume_from        a state file of the same run (same identity) to continue from
                        with a fresh model object, optimizer and generator
     validation_limit   score only the first N validation problems (tests)
+    greedy_eval        measure the final model's greedy validation accuracy (the
+                       resume check's second run skips it: it is not compared)
     """
     from . import models
 
@@ -370,19 +374,24 @@ def run_branch(
     if stop_after_epochs is not None and not 1 <= stop_after_epochs < plan.epochs:
         raise ValueError(f"stop_after_epochs must lie in 1..{plan.epochs - 1} for {branch}, got {stop_after_epochs}")
     ensure_not_finished(run_dir, overwrite)
-    if overwrite:
+    if overwrite and resume_from is None:  # (a resumed run may be continuing from this folder's own states)
         for stale in [run_dir / "FINISHED", run_dir / "resume_report.json", run_dir / "states"]:
             shutil.rmtree(stale) if stale.is_dir() else stale.unlink(missing_ok=True)
     began = time.perf_counter()
 
     # Stage 1: the starting model, the data, the plan
+    expected_start = None
     if model_factory is None:
         model_factory, start_description = start_model_factory(config.name, branch, device)
+        if branch == "sft":  # the additional SFT must start exactly where the warm start ended
+            expected_start = read_json(default_run_dir(config.name, "warm_start") / "manifest.json")["final_parameter_digest"]
     model, tokenizer = model_factory()
     device = str(next(model.parameters()).device)
     was_training = model.training
     model.eval()  # eval mode for everything: see the module docstring
     initial_digest = models.parameter_digest(model)
+    if expected_start is not None and initial_digest != expected_start:
+        raise ValueError(f"{start_description} loads with digest {initial_digest}, the warm start ended at {expected_start}")
     load_seconds = time.perf_counter() - began
     pad_id = tokenizer.pad_token_id
     train = load_split_examples(tokenizer, "train")
@@ -410,13 +419,15 @@ def run_branch(
         rest = state_lib.restore_state(saved, model=model, optimizer=optimizer, generators={"data_order": order_generator})
         history, consumed = rest["history"], rest["consumed_ids"]
         progress_state, data_order = rest["progress"], rest["data_order"]
-        if rest["scheduler"]["next_update"] != progress_state["updates_done"]:
+        if rest["scheduler"] != _scheduler_position(plan, progress_state["updates_done"]):
             raise ValueError(f"{resume_from}: scheduler position {rest['scheduler']} disagrees with {progress_state}")
         resumed = {"path": str(resume_from), "sha256": sha256_file(resume_from), "epochs_done": progress_state["epochs_done"]}
         del saved
 
     # Stage 3: epochs of updates; validation and a full state after each epoch
     stop = stop_after_epochs or plan.epochs
+    if stop <= progress_state["epochs_done"]:
+        raise ValueError(f"the state is after epoch {progress_state['epochs_done']}; nothing to do up to epoch {stop}")
     epoch_times, state_files = [], {}
     with deterministic_algorithms():
         if not progress_state["validation"]:
@@ -445,16 +456,9 @@ def run_branch(
             progress_state["epochs_done"] = epoch
             times = {"epoch": epoch, "train_seconds": train_seconds, "validation_seconds": validation_seconds}
             snapshot = state_lib.capture_state(
-                model=model,
-                optimizer=optimizer,
-                scheduler={"kind": "warmup_linear_decay", "next_update": progress_state["updates_done"],
-                           "total_updates": plan.total_updates},
-                data_order=data_order,
-                generators={"data_order": order_generator},
-                history=history,
-                consumed_ids=consumed,
-                identity=identity,
-                progress=progress_state,
+                model=model, optimizer=optimizer, scheduler=_scheduler_position(plan, progress_state["updates_done"]),
+                data_order=data_order, generators={"data_order": order_generator}, history=history,
+                consumed_ids=consumed, identity=identity, progress=progress_state,
             )
             saved_info = state_lib.save_state(state_path(run_dir, epoch), snapshot, evidence={"times": times})
             times["state_save_seconds"] = saved_info["save_seconds"]
@@ -499,15 +503,21 @@ def run_branch(
         if reloaded != final_digest:
             raise RuntimeError(f"{model_path} reloads with digest {reloaded}, the trained model has {final_digest}")
         manifest["reloaded_parameter_digest"] = reloaded
-        t0 = time.perf_counter()
-        manifest["validation_greedy"] = greedy_validation(fresh.to(device).eval(), tokenizer, validation)
-        manifest["times"]["greedy_validation_seconds"] = time.perf_counter() - t0
+        if greedy_eval:
+            t0 = time.perf_counter()
+            manifest["validation_greedy"] = greedy_validation(fresh.to(device).eval(), tokenizer, validation)
+            manifest["times"]["greedy_validation_seconds"] = time.perf_counter() - t0
         manifest["files"]["model.safetensors"] = {"bytes": model_path.stat().st_size, "sha256": sha256_file(model_path)}
     manifest["times"]["total_seconds"] = time.perf_counter() - began
     write_json(run_dir / "manifest.json", manifest)
     if finished:
         mark_finished(run_dir, {"branch": branch, "final_parameter_digest": final_digest})
     return manifest
+
+
+def _scheduler_position(plan: Plan, next_update: int) -> dict:
+    """The schedule is a pure function of the update index: its state is where it stands."""
+    return {"kind": "warmup_linear_decay", "next_update": next_update, "total_updates": plan.total_updates}
 
 
 def sft_update(model, optimizer, parameters, batch_examples: list[Example], pad_id: int, plan: Plan,
@@ -616,6 +626,11 @@ def resume_check(
     if not is_finished(run_dir):
         run_branch(config, branch, run_dir, overwrite=overwrite, **common)
     continuous = read_json(run_dir / "manifest.json")
+    if not state_path(run_dir, plan.epochs).exists():
+        raise FileNotFoundError(
+            f"{state_path(run_dir, plan.epochs)} is missing (full states are not committed); the check needs the "
+            "continuous run's end state: re-run the branch with overwrite=True (--overwrite)"
+        )
     if continuous.get("resumed_from"):
         raise ValueError(f"{run_dir} was itself resumed; the check compares a continuous run with a resumed one")
 
@@ -632,9 +647,10 @@ def resume_check(
     t0 = time.perf_counter()
     boundary = state_path(stop_dir, 1)
     if fresh_process:
-        _run_in_fresh_process(config, branch, resume_dir, threads, validation_limit, device, ["--resume-from", str(boundary)])
+        _run_in_fresh_process(config, branch, resume_dir, threads, validation_limit, device,
+                              ["--resume-from", str(boundary), "--no-greedy-eval"])
     else:
-        run_branch(config, branch, resume_dir, resume_from=boundary, **common)
+        run_branch(config, branch, resume_dir, resume_from=boundary, greedy_eval=False, **common)
     resume_seconds = time.perf_counter() - t0
 
     # 4. compare the end states exactly (plus the final model files), and the epoch-1 states

@@ -388,3 +388,22 @@ def test_k1_and_k3_average_to_the_exact_kl_under_the_current_policy():
     torch.testing.assert_close((p * k["k1"]).sum(-1), exact, rtol=1e-12, atol=0)
     torch.testing.assert_close((p * k["k3"]).sum(-1), exact, rtol=1e-12, atol=0)
     assert torch.all((p * k["k2"]).sum(-1) != exact)  # k2 is biased
+
+
+# ----------------------------------------------------------------------------
+# The benchmark (`python -m labkit bench kl`): runs, ends with its line, and the memory claim
+# ----------------------------------------------------------------------------
+
+
+def test_kl_benchmark_runs_small_and_blocked_needs_less_extra_memory(capsys):
+    import re
+
+    from labkit.bench import kl as bench_kl
+
+    # --threads 0: leave this process's torch thread setting alone.
+    assert bench_kl.main(["--prefixes", "4", "--vocab", "20000", "--block-size", "1024", "--repeats", "1", "--threads", "0"]) == 0
+    last = capsys.readouterr().out.strip().splitlines()[-1]
+    match = re.fullmatch(r"time ratio: (\d+\.\d)x; extra memory ratio: (\d+\.\d|n/a)x?", last)
+    assert match, last
+    if match.group(2) != "n/a":  # memory is counted, not timed: the blocked peak must be smaller
+        assert float(match.group(2)) < 1.0, last

@@ -34,9 +34,24 @@ def tokenizer():
     return load_tiny_tokenizer()
 
 
+def sharpened_tiny_model(seed: int = 0, scale: float = 5.0):
+    """A random-init tiny model with its weight matrices scaled up.
+
+    At its initial scale the model's logits are nearly flat and greedy decoding
+    repeats one token; scaled by 5 its responses vary, so agreement tests compare
+    real sequences.  (Dropout, eval mode and everything else are unchanged.)
+    """
+    model = new_tiny_model(seed=seed)
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.dim() == 2:
+                p.mul_(scale)
+    return model
+
+
 @pytest.fixture(scope="module")
 def model():
-    return new_tiny_model(seed=0)
+    return sharpened_tiny_model()
 
 
 @pytest.fixture(scope="module")
@@ -69,9 +84,12 @@ def test_fast_equals_reference(model, tokenizer, prompts, digest, greedy):
         flat = [p for p in prompts for _ in range(3)]
         seeds = list(range(100, 100 + len(flat)))
     kwargs = dict(greedy=greedy, max_new_tokens=NEW_TOKENS, policy_digest=digest)
+    assert len({len(p) for p in flat}) > 1  # prompts of different lengths: left padding is exercised
     reference = sampling.sample_reference(model, tokenizer, flat, seeds, **kwargs)
     fast = sampling.sample_fast(model, tokenizer, flat, seeds, **kwargs)
     assert [r.response_ids for r in fast] == [r.response_ids for r in reference]
+    in_batches_of_5 = sampling.sample_fast(model, tokenizer, flat, seeds, batch_size=5, **kwargs)
+    assert [r.response_ids for r in in_batches_of_5] == [r.response_ids for r in reference]
     assert [r.finish_reason for r in fast] == [r.finish_reason for r in reference]
     assert [r.text for r in fast] == [r.text for r in reference]
     for r, f in zip(reference, fast):

@@ -189,7 +189,7 @@ def test_a_resume_that_loses_the_data_order_is_caught(checked, factory, tmp_path
     broken = tmp_path / "broken.pt.gz"
     state.save_state(broken, boundary, evidence)
     sft.run_branch(SHORT, "warm_start", tmp_path / "resumed", model_factory=factory, resume_from=broken,
-                   validation_limit=VALIDATION_LIMIT, progress=False)
+                   validation_limit=VALIDATION_LIMIT, progress=False, greedy_eval=False)
     report = state.compare_state_files(root / "real" / "states" / "epoch-2.pt.gz",
                                        tmp_path / "resumed" / "states" / "epoch-2.pt.gz")
     assert report["equal"] is False

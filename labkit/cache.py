@@ -1,0 +1,114 @@
+"""The cached tiny run: what made each step, and whether it is stale.
+
+The notebooks and CI read the committed tiny run under `runs/tiny/`.  Each
+step of it was made by some code, some data and the outputs of earlier steps.
+`runs/<preset>/cache.json` records, for every step, the SHA-256 of each of
+those inputs at the time the step was built.  `check` recomputes them: a step is
+stale when any input changed since, and the message names the inputs.  Inputs
+include upstream artifacts (e.g. the warm start's model file for GRPO), so a
+rebuilt step makes everything downstream of it stale too.
+
+`python -m labkit cache check` prints the verdicts; `make cache` rebuilds the
+stale steps (`python -m labkit all --preset tiny --rebuild-stale`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from .runs import REPO_ROOT, is_finished, read_json, sha256_file, write_json
+
+DATA_FILES = tuple(
+    f"data/stock_arithmetic_v1/{split}.{kind}.jsonl"
+    for split in ("train", "validation", "test")
+    for kind in ("statements", "labels")
+)
+LEARNING_CODE = ("labkit/config.py", "labkit/data.py", "labkit/scoring.py", "labkit/schedule.py", "labkit/state.py",
+                 "labkit/models.py")
+ROLLOUT_CODE = ("labkit/sampling.py", "labkit/verifier.py", "labkit/losses.py", "labkit/grpo.py")
+
+
+@dataclass(frozen=True)
+class Step:
+    """One step of the protocol: its folder under runs/<preset>/ and the inputs that made it."""
+
+    name: str
+    folder: str
+    code: tuple[str, ...]
+    upstream: tuple[str, ...] = ()  # files of earlier steps, relative to runs/<preset>/
+
+
+STEPS = (
+    Step("base", "base", ("labkit/task.py", "labkit/corpus.py", "labkit/pretrain.py", "labkit/assets/tiny/tokenizer.json")),
+    Step("warm_start", "warm_start", (*LEARNING_CODE, "labkit/sft.py", *DATA_FILES), ("base/model.safetensors",)),
+    Step("sft", "sft", (*LEARNING_CODE, "labkit/sft.py", *DATA_FILES), ("warm_start/model.safetensors",)),
+    Step("grpo", "grpo", (*LEARNING_CODE, *ROLLOUT_CODE, *DATA_FILES), ("warm_start/model.safetensors",)),
+    Step("evaluation", "evaluation", ("labkit/evaluate.py", "labkit/sampling.py", "labkit/verifier.py",
+                                      "labkit/scoring.py", "labkit/models.py", *DATA_FILES),
+         ("warm_start/model.safetensors", "sft/model.safetensors", "grpo/model.safetensors")),
+    Step("group_size", "group_size", (*LEARNING_CODE, *ROLLOUT_CODE, "labkit/group_size.py", "labkit/evaluate.py",
+                                      *DATA_FILES), ("warm_start/model.safetensors",)),
+)
+STEP_NAMES = tuple(s.name for s in STEPS)
+
+
+def get_step(name: str) -> Step:
+    for s in STEPS:
+        if s.name == name:
+            return s
+    raise ValueError(f"unknown step {name!r}; expected one of {STEP_NAMES}")
+
+
+def runs_dir(preset: str) -> Path:
+    return REPO_ROOT / "runs" / preset
+
+
+def input_digests(step: Step, preset: str) -> dict[str, str | None]:
+    """SHA-256 of every input of `step` now (None for a missing file)."""
+    out = {}
+    for rel in step.code:
+        path = REPO_ROOT / rel
+        out[rel] = sha256_file(path) if path.exists() else None
+    for rel in step.upstream:
+        path = runs_dir(preset) / rel
+        out[f"runs/{preset}/{rel}"] = sha256_file(path) if path.exists() else None
+    return out
+
+
+def record(step_name: str, preset: str = "tiny") -> dict:
+    """Record the inputs of a freshly built step in runs/<preset>/cache.json."""
+    step = get_step(step_name)
+    path = runs_dir(preset) / "cache.json"
+    cache = read_json(path) if path.exists() else {}
+    cache[step.name] = input_digests(step, preset)
+    write_json(path, cache)
+    return cache[step.name]
+
+
+def check(preset: str = "tiny", steps: tuple[str, ...] = STEP_NAMES) -> dict[str, dict]:
+    """Per step: {"status": "fresh" | "stale" | "missing" | "unrecorded", "changed": [inputs]}."""
+    path = runs_dir(preset) / "cache.json"
+    cache = read_json(path) if path.exists() else {}
+    verdicts = {}
+    for name in steps:
+        step = get_step(name)
+        folder = runs_dir(preset) / step.folder
+        if not is_finished(folder):
+            verdicts[name] = {"status": "missing", "changed": []}
+            continue
+        if name not in cache:
+            verdicts[name] = {"status": "unrecorded", "changed": []}
+            continue
+        now = input_digests(step, preset)
+        changed = sorted(k for k in set(now) | set(cache[name]) if now.get(k) != cache[name].get(k))
+        verdicts[name] = {"status": "stale" if changed else "fresh", "changed": changed}
+    return verdicts
+
+
+def format_check(verdicts: dict[str, dict]) -> str:
+    lines = []
+    for name, v in verdicts.items():
+        detail = f" (changed: {', '.join(v['changed'])})" if v["changed"] else ""
+        lines.append(f"{name:<12} {v['status']}{detail}")
+    return "\n".join(lines)
