@@ -146,13 +146,12 @@ def cmd_group_size(args: argparse.Namespace) -> int:
     import torch
 
     from . import group_size
+    from .runs import read_json
 
     if args.threads is not None:
         torch.set_num_threads(args.threads)  # results are recorded with the thread count
     manifest = group_size.run_exercise(args.preset, device=args.device, progress=not args.no_progress)
     out = group_size.runs_root_of(args.preset) / "group_size"
-    from .runs import read_json
-
     group_size.print_budget_table(read_json(out / "budget.json"))
     print(f"protection: unchanged={manifest['protection_unchanged']} ({out / 'protection.json'}); "
           f"{manifest['seconds']:.1f} s")
@@ -300,7 +299,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--policy", default="all", choices=["all", "warm_start", "sft", "grpo", "grpo_g2", "grpo_g8"],
                    help="all: every policy with a finished run, keeping finished evaluations (default: %(default)s)")
     p.add_argument("--sampler", default="fast", choices=["fast", "reference"],
-                   help="fast: batched KV cache, same tokens as reference; reference: no KV cache (default: %(default)s)")
+                   help="fast: batched KV cache (tokens equal to reference in the tests); reference: no KV cache "
+                        "(default: %(default)s)")
     p.add_argument("--batch-size", type=int, default=100, help="fast sampler rows per batch (default: %(default)s)")
     p.add_argument("--limit", type=int, default=None,
                    help="a trial on the first N problems of each population, written to evaluation/trials/limit-N")

@@ -66,11 +66,42 @@ OOD_SHARE = 0.15  # problems with operands up to 100, so three-digit stocks are 
 
 @dataclass
 class Document:
-    """One corpus document: its kind, its text, and the problem keys it contains."""
+    """One corpus document.
+
+    kind:         "direct", "worked", "equations" or "sums"
+    text:         the document, special tokens written as text, ending with `<|endoftext|>`
+    keys:         permutation keys of the problems it states (checked against the dataset)
+    drawn_spans:  character ranges holding randomly drawn operands: their digits cannot
+                  be predicted, so pretraining takes no loss on them (only noise to learn)
+    answer_span:  character range of the final answer's number (direct documents), for
+                  measuring the answers a model gets right
+    """
 
     kind: str
     text: str
     keys: list[tuple] = field(default_factory=list)
+    drawn_spans: list[tuple[int, int]] = field(default_factory=list)
+    answer_span: tuple[int, int] | None = None
+
+
+class _Writer:
+    """Builds a document piece by piece, remembering where the drawn operands are."""
+
+    def __init__(self):
+        self.parts: list[str] = []
+        self.length = 0
+        self.drawn: list[tuple[int, int]] = []
+
+    def write(self, text: str, drawn: bool = False) -> tuple[int, int]:
+        span = (self.length, self.length + len(text))
+        if drawn:
+            self.drawn.append(span)
+        self.parts.append(text)
+        self.length += len(text)
+        return span
+
+    def document(self, kind: str, keys: list[tuple] = (), answer_span=None) -> Document:
+        return Document(kind, "".join(self.parts), list(keys), self.drawn, answer_span)
 
 
 def dataset_keys(seed: int = task.DEFAULT_SEED) -> frozenset:
@@ -78,13 +109,13 @@ def dataset_keys(seed: int = task.DEFAULT_SEED) -> frozenset:
     return frozenset(task.Problem.from_dict(r["problem"]).key for r in task.generate_dataset(seed))
 
 
-def chat_text(user: str, assistant: str) -> str:
-    """One conversation in ChatML, as the tiny tokenizer's chat template renders it, then `<|endoftext|>`.
-
-    The prompt part (up to `<|im_start|>assistant\\n`) is token for token the
-    prompt the lab builds with `apply_chat_template(..., add_generation_prompt=True)`.
-    """
-    return f"<|im_start|>user\n{user}<|im_end|>\n<|im_start|>assistant\n{assistant}<|im_end|>\n{ENDOFTEXT}"
+CHAT_USER = "<|im_start|>user\n"
+CHAT_ASSISTANT = "<|im_end|>\n<|im_start|>assistant\n"
+CHAT_END = "<|im_end|>\n" + ENDOFTEXT
+# One conversation in ChatML as the tiny tokenizer's chat template renders it (no system
+# prompt), then <|endoftext|>: CHAT_USER + user + CHAT_ASSISTANT + answer + CHAT_END.  The
+# part up to CHAT_ASSISTANT is, token for token, the prompt the lab builds with
+# apply_chat_template(..., add_generation_prompt=True).
 
 
 class CorpusGenerator:
@@ -118,46 +149,66 @@ class CorpusGenerator:
 
     # -- the four kinds -------------------------------------------------------------
     def direct(self) -> Document:
+        """A chat: statement + another instruction -> the stock in another format."""
         p = self.problem()
         instruction, answer = self.rng.choice(DIRECT_ANSWER_STYLES)
-        user = self.statement(p) + ("\n" + instruction if instruction else "")
-        return Document("direct", chat_text(user, answer.format(n=task.solve(p))), [p.key])
+        before, after = answer.split("{n}")
+        w = _Writer()
+        w.write(CHAT_USER)
+        w.write(self.statement(p), drawn=True)
+        w.write("\n" + instruction if instruction else "")
+        w.write(CHAT_ASSISTANT + before.format())  # format() turns the template's {{ }} into { }
+        answer_span = w.write(str(task.solve(p)))
+        w.write(after.format() + CHAT_END)
+        return w.document("direct", [p.key], answer_span)
 
     def worked(self) -> Document:
+        """The statement, then the running totals and the stock as a sentence (chat or plain text)."""
         p = self.problem()
-        levels = p.stock_levels()
         steps = [f"Start with {p.initial}."]
         movements = [("+", d) for d in p.deliveries] + [("-", w) for w in p.withdrawals]
         before = p.initial
-        for (sign, amount), after in zip(movements, levels):
+        for (sign, amount), after in zip(movements, p.stock_levels()):
             steps.append(f"{before} {sign} {amount} = {after}.")
             before = after
-        steps.append(f"The final stock is {levels[-1]}.")
-        working = " ".join(steps)
+        steps.append(f"The final stock is {task.solve(p)}.")
+        w = _Writer()
         if self.rng.random() < 0.5:
-            text = chat_text(self.statement(p) + "\n" + WORKED_INSTRUCTION, working)
+            w.write(CHAT_USER)
+            w.write(self.statement(p), drawn=True)
+            w.write("\n" + WORKED_INSTRUCTION + CHAT_ASSISTANT + " ".join(steps) + CHAT_END)
         else:
-            text = self.statement(p) + "\n" + working + ENDOFTEXT
-        return Document("worked", text, [p.key])
+            w.write(self.statement(p), drawn=True)
+            w.write("\n" + " ".join(steps) + ENDOFTEXT)
+        return w.document("worked", [p.key])
 
     def equations(self, count: int = 6) -> Document:
+        """Bare equations of the task's shape: initial + d1 + d2 - w1 - w2 = stock."""
         problems = [self.problem() for _ in range(count)]
-        lines = [
-            f"{p.initial} + {p.deliveries[0]} + {p.deliveries[1]} - {p.withdrawals[0]} - {p.withdrawals[1]} = {task.solve(p)}"
-            for p in problems
-        ]
-        return Document("equations", "\n".join(lines) + ENDOFTEXT, [p.key for p in problems])
+        w = _Writer()
+        for i, p in enumerate(problems):
+            w.write("\n" if i else "")
+            w.write(f"{p.initial} + {p.deliveries[0]} + {p.deliveries[1]} - {p.withdrawals[0]} - {p.withdrawals[1]}",
+                    drawn=True)
+            w.write(f" = {task.solve(p)}")
+        w.write(ENDOFTEXT)
+        return w.document("equations", [p.key for p in problems])
 
     def sums(self, count: int = 10) -> Document:
-        lines = []
-        for _ in range(count):
+        """Single sums and differences (never negative, as stocks)."""
+        w = _Writer()
+        for i in range(count):
             a, b = self.rng.randint(0, 150), self.rng.randint(0, 100)
             if self.rng.random() < 0.5:
-                lines.append(f"{a} + {b} = {a + b}")
+                sign, result = "+", a + b
             else:
-                a, b = max(a, b), min(a, b)  # stocks never go negative
-                lines.append(f"{a} - {b} = {a - b}")
-        return Document("sums", "\n".join(lines) + ENDOFTEXT)
+                a, b = max(a, b), min(a, b)
+                sign, result = "-", a - b
+            w.write("\n" if i else "")
+            w.write(f"{a} {sign} {b}", drawn=True)
+            w.write(f" = {result}")
+        w.write(ENDOFTEXT)
+        return w.document("sums")
 
     def document(self) -> Document:
         kinds, weights = zip(*KIND_WEIGHTS)

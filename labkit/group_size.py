@@ -291,6 +291,12 @@ def sft_budget_row(run_dir: str | Path, name: str) -> dict | None:
     }
 
 
+def _display_path(path: Path) -> str:
+    """Repository-relative when inside the repository (stable across clones), else absolute."""
+    path = path.resolve()
+    return str(path.relative_to(REPO_ROOT)) if path.is_relative_to(REPO_ROOT) else str(path)
+
+
 def warm_start_validation_success(config: PresetConfig, start_file: str | Path, *, draws: int = 4,
                                   limit: int | None = None, device: str | None = None,
                                   batch_size: int = 64) -> dict:
@@ -329,7 +335,7 @@ def warm_start_validation_success(config: PresetConfig, start_file: str | Path, 
         "responses": len(rollouts),
         "correct": correct,
         "sampler": "fast",
-        "start_file": str(start_file),
+        "start_file": _display_path(Path(start_file)),
         "seconds": time.perf_counter() - began,
     }
 
@@ -347,9 +353,11 @@ def budget_statements(rows: list[dict], config: PresetConfig) -> dict[str, str]:
     branches = [r for r in rows if r["kind"] == "grpo" and r["group_size"] != MAIN_GROUP_SIZE]
     if len(branches) >= 2:
         small, large = min(branches, key=lambda r: r["group_size"]), max(branches, key=lambda r: r["group_size"])
-        cost = (f"Same updates is not same cost: G={small['group_size']} and G={large['group_size']} each make "
-                f"{small['updates']} and {large['updates']} updates on the same {small['presentations']} prompt "
-                f"presentations, but G={large['group_size']} sampled {large['rollouts']} rollouts "
+        updates = (f"each make {small['updates']} updates" if small["updates"] == large["updates"]
+                   else f"make {small['updates']} and {large['updates']} updates")
+        cost = (f"Same updates is not same cost: G={small['group_size']} and G={large['group_size']} {updates} "
+                f"on the same {small['presentations']} prompt presentations, but G={large['group_size']} sampled "
+                f"{large['rollouts']} rollouts "
                 f"({large['generated_tokens']} generated tokens, {large['seconds']:.0f} s) against "
                 f"{small['rollouts']} ({small['generated_tokens']} tokens, {small['seconds']:.0f} s) for "
                 f"G={small['group_size']}.")
@@ -432,14 +440,14 @@ def protected_files(runs_root: str | Path, code_root: str | Path = REPO_ROOT) ->
 
     weights:       the main policies' safetensors (warm start, SFT, GRPO)
     results:       every other file of the three main run folders (history, manifests,
-                   resume reports, rollouts, states)
+                   resume reports, rollouts, states) and of their evaluation folders
+                   (evaluation/<policy>/: predictions, manifest, costs)
     configuration: labkit/config.py and the verifier's source (the verifier is untouched)
     The main entries of evaluation/results.json are protected apart (`record_protection`).
     """
     runs_root, code_root = Path(runs_root), Path(code_root)
     out = []
-    for name in MAIN_POLICIES:
-        folder = runs_root / name
+    for folder in [runs_root / name for name in MAIN_POLICIES] + [runs_root / "evaluation" / name for name in MAIN_POLICIES]:
         if folder.is_dir():
             for path in sorted(p for p in folder.rglob("*") if p.is_file()):
                 out.append(("weights" if path.suffix == ".safetensors" else "results", path))
@@ -538,21 +546,37 @@ def forced_bonus_rewards(rewards: torch.Tensor, bonus) -> torch.Tensor:
 # -- 7. The whole exercise ------------------------------------------------------------------
 
 
-def evaluate_policies(config: PresetConfig, names: list[str], device: str | None = None) -> dict:
+def evaluate_policies(config: PresetConfig, names: list[str], device: str | None = None) -> dict[str, str]:
     """Evaluate the branches exactly like the main policies, with `labkit.evaluate` (imported here).
 
-    Every policy is run on the same 200 test problems, greedy and 4 seeded draws; the
-    results go where the main policies' go (evaluation/results.json), under their own names.
+    Each branch's model.safetensors answers the same 200 test problems, greedy and
+    `eval_draws` seeded draws (seeds shared with every policy), with the sampler, batch size
+    and response limit the main evaluations used (read from their manifest when present);
+    its predictions go to evaluation/<branch>/ and results.json is recomputed from all
+    the predictions (the main policies' entries are a pure function of their own files).
+    A finished evaluation is kept.  Returns {name: "evaluated" | "kept"}.
     """
-    from . import evaluate  # written alongside this module; imported only when evaluating
+    from . import evaluate  # the evaluation phase's own module: imported only when evaluating
 
-    run = getattr(evaluate, "evaluate_policies", None) or getattr(evaluate, "evaluate_policy", None)
-    if run is None:
-        raise RuntimeError("labkit.evaluate has neither evaluate_policies nor evaluate_policy; "
-                           "update labkit.group_size.evaluate_policies to its public API")
-    if run.__name__ == "evaluate_policies":
-        return run(config.name, names, device=device)
-    return {name: run(config.name, name, device=device) for name in names}
+    root = evaluate.evaluation_root(config.name)
+    settings = {}
+    for main in MAIN_POLICIES:
+        path = root / main / evaluate.MANIFEST_FILE
+        if path.exists():
+            m = read_json(path)
+            settings = {"sampler": m["sampler"], "draws": m["draws"], "max_new_tokens": m["max_new_tokens"]}
+            if m.get("batch_size"):
+                settings["batch_size"] = m["batch_size"]
+            break
+    status = {}
+    for name in names:
+        if is_finished(root / name):
+            status[name] = "kept"
+        else:
+            evaluate.run_inference(config.name, name, device=device, **settings)
+            status[name] = "evaluated"
+    evaluate.write_results(config.name)
+    return status
 
 
 def run_exercise(
@@ -637,8 +661,8 @@ def run_exercise(
     # Stage 6: evaluation like the main policies.
     if evaluate:
         t0 = time.perf_counter()
-        evaluate_policies(config, list(dirs), device=device)
-        steps["evaluation"] = {"seconds": time.perf_counter() - t0}
+        steps["evaluation"] = {"status": evaluate_policies(config, list(dirs), device=device),
+                               "seconds": time.perf_counter() - t0}
 
     # Stage 7: p and the budget.
     p_path = out_dir / "warm_start_p.json"

@@ -37,6 +37,173 @@ def plot_target_distribution(records: list[dict], bin_width: int = 10):
     return fig
 
 
+# ---------------------------------------------------------------- chapter 3
+
+
+def plot_zero_signal_vs_success(curves: dict, measured: list[dict] | None = None):
+    """How often a group has no signal, against the success rate p, one curve per G (chapter 3).
+
+    curves: {G: (p values, fractions)}, the fraction p^G + (1-p)^G of constant groups.
+    measured: optional dicts with "p" (a measured mean reward), "fraction" (the measured
+    fraction of constant groups), "label", and optionally "marker", drawn as points.
+    """
+    fig, ax = plt.subplots(figsize=(6, 3.6))
+    for G, (ps, fractions) in curves.items():
+        ax.plot(ps, fractions, label=f"G = {G}: $p^G + (1-p)^G$")
+    for point in measured or []:
+        ax.scatter(point["p"], point["fraction"], marker=point.get("marker", "o"), zorder=3,
+                   s=point.get("size", 30), color=point.get("color", "black"), label=point["label"])
+    ax.set_xlabel("success rate p (chance that one response earns reward 1)")
+    ax.set_ylabel("fraction of groups with no signal")
+    ax.set_xlim(0, 1)
+    ax.set_ylim(0, 1.02)
+    ax.legend(fontsize=7, loc="upper center")
+    fig.tight_layout()
+    return fig
+
+
+# ---------------------------------------------------------------- chapter 4
+
+
+def plot_clipped_objective(rho, panels: list[dict], clip_eps: float = 0.2):
+    """The clipped objective and its gradient as functions of rho, one column per sign of A (chapter 4).
+
+    rho: (N,) ratios.  panels: dicts with "advantage" (a float), "objective" (N,) values of
+    min(rho A, clip(rho) A), "unclipped" (N,) values of rho A and "gradient" (N,) values of
+    d objective / d log rho.  The flat regions, where the gradient is exactly zero, are
+    shaded.
+    """
+    import numpy as np
+
+    rho = np.asarray(rho)
+    fig, axes = plt.subplots(2, len(panels), figsize=(4.2 * len(panels), 5.2), sharex=True, squeeze=False)
+    for column, panel in enumerate(panels):
+        A = panel["advantage"]
+        gradient = np.asarray(panel["gradient"])
+        top, bottom = axes[0, column], axes[1, column]
+        top.plot(rho, panel["unclipped"], color="tab:gray", linestyle="--", label=r"$\rho A$ (unclipped)")
+        top.plot(rho, panel["objective"], color="tab:blue", label=r"$\min(\rho A,\ \mathrm{clip}(\rho) A)$")
+        bottom.plot(rho, gradient, color="tab:blue")
+        flat = gradient == 0.0
+        for ax in (top, bottom):
+            for lo, hi in _runs(rho, flat):
+                ax.axvspan(lo, hi, color="tab:red", alpha=0.12, lw=0)
+            for edge in (1 - clip_eps, 1 + clip_eps):
+                ax.axvline(edge, color="tab:red", linewidth=0.7, linestyle=":")
+            ax.axvline(1.0, color="black", linewidth=0.5)
+        side = r"$\rho > 1+\epsilon$" if A > 0 else r"$\rho < 1-\epsilon$"
+        top.set_title(f"A = {A:+g}: flat (zero gradient) where {side}", fontsize=9, loc="left")
+        top.set_ylabel("per-token objective")
+        bottom.set_ylabel(r"$\partial\,\mathrm{objective} / \partial \log\rho$")
+        bottom.set_xlabel(r"$\rho = \pi_\theta / \pi_{\mathrm{old}}$")
+        top.legend(fontsize=7)
+    fig.tight_layout()
+    return fig
+
+
+def _runs(x, flags):
+    """(start, end) x-ranges of the consecutive runs where flags is True."""
+    spans, start = [], None
+    for value, flag in zip(x, flags):
+        if flag and start is None:
+            start = value
+        if not flag and start is not None:
+            spans.append((start, previous))
+            start = None
+        previous = value
+    if start is not None:
+        spans.append((start, previous))
+    return spans
+
+
+def plot_token_ratios(responses: list[dict], clip_eps: float = 0.2):
+    """rho - 1 per response token on one real group, after one update (chapter 4).
+
+    responses: dicts with "rho" (L,) ratios of the response's tokens, "advantage" and
+    "label".  Responses with A > 0 are drawn in green, A < 0 in red, A = 0 in grey.  The
+    clip edges (rho = 1 -+ clip_eps) are marked when they fall inside the drawn range.
+    """
+    import numpy as np
+
+    fig, ax = plt.subplots(figsize=(7, 3.4))
+    for response in responses:
+        rho = np.asarray(response["rho"])
+        A = response["advantage"]
+        color = "tab:green" if A > 0 else "tab:red" if A < 0 else "tab:gray"
+        ax.plot(range(1, len(rho) + 1), rho - 1.0, marker="o", markersize=3, color=color,
+                alpha=0.85, label=response["label"])
+    ax.axhline(0.0, color="black", linewidth=0.5)
+    low, high = ax.get_ylim()
+    for edge in (-clip_eps, clip_eps):
+        if low <= edge <= high:
+            ax.axhline(edge, color="tab:red", linestyle=":", linewidth=0.8)
+    ax.set_xlabel("response token (1 = first generated token)")
+    ax.set_ylabel(r"$\rho - 1$")
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    return fig
+
+
+# ---------------------------------------------------------------- chapter 5
+
+
+def plot_kl_blocks(blocks: list[str], full: list[float], local: list[float], mass: list[float]):
+    """Each vocabulary block's share of the exact KL, full normaliser vs block-local (chapter 5).
+
+    blocks: labels ("0..127", ...).  full: each block's contribution
+    sum_{v in block} p(v) (log p(v) - log q(v)) with the full normaliser (they add up to
+    the KL).  local: the same with each block softmax-normalised on its own (wrong).
+    mass: p_cur's probability mass in each block (full normaliser).
+    """
+    import numpy as np
+
+    x = np.arange(len(blocks))
+    fig, (left, right) = plt.subplots(1, 2, figsize=(9, 3.2))
+    width = 0.4
+    left.bar(x - width / 2, full, width, label="full normaliser (exact)")
+    left.bar(x + width / 2, local, width, label="each block normalised alone (wrong)")
+    left.axhline(0.0, color="black", linewidth=0.5)
+    left.set_xticks(x, blocks)
+    left.set_xlabel("vocabulary block (token ids)")
+    left.set_ylabel("block's KL contribution (nats)")
+    left.legend(fontsize=7)
+    right.bar(x, mass, color="tab:gray")
+    right.set_xticks(x, blocks)
+    right.set_yscale("log")
+    right.set_xlabel("vocabulary block (token ids)")
+    right.set_ylabel(r"$\sum_{v \in \mathrm{block}} p_{\mathrm{cur}}(v)$")
+    fig.tight_layout()
+    return fig
+
+
+def plot_kl_estimators(exact, single: dict, means: dict):
+    """The exact prefix KL against the k1/k2/k3 estimates on many prefixes: bias and spread (chapter 5).
+
+    exact: (N,) exact KL per prefix.  single: {name: (N,)} one-draw estimates (the token
+    actually sampled).  means: {name: (N,)} the estimator averaged over many draws from
+    p_cur at the same prefix (its expectation, up to Monte-Carlo error).  Left: one draw
+    against the exact value (spread); right: the many-draw mean against it (bias).  The
+    diagonal is "estimate = exact".
+    """
+    import numpy as np
+
+    exact = np.asarray(exact)
+    colors = {"k1": "tab:blue", "k2": "tab:orange", "k3": "tab:green"}
+    fig, axes = plt.subplots(1, 2, figsize=(9.5, 3.8))
+    for ax, data, title in ((axes[0], single, "one sampled token per prefix (spread)"),
+                            (axes[1], means, "mean over many draws per prefix (bias)")):
+        for name, values in data.items():
+            ax.scatter(exact, np.asarray(values), s=5, alpha=0.5, color=colors.get(name), label=name)
+        line = [0.0, float(exact.max())]
+        ax.plot(line, line, color="black", linewidth=0.8, label="estimate = exact")
+        ax.set_xlabel("exact KL at the prefix (nats)")
+        ax.set_ylabel("estimate (nats)")
+        ax.set_title(title, fontsize=9, loc="left")
+        ax.legend(fontsize=7, markerscale=2)
+    fig.tight_layout()
+    return fig
+
+
 # ---------------------------------------------------------------- chapter 7
 
 
@@ -107,12 +274,42 @@ def plot_pass_at_k(results: dict, population: str = "ALL"):
         curve = results["policies"][p]["sample"][population]["pass_at_k"]
         line, = ax.plot(curve["k"], [100 * v for v in curve["values"]], marker="o", label=f"{p} pass@k")
         greedy = 100 * results["policies"][p]["greedy"][population]["success_rate"]
-        ax.scatter([0.75], [greedy], marker="s", color=line.get_color())
+        ax.scatter([0], [greedy], marker="s", color=line.get_color())
     budget = results["policies"][policies[0]]["sample"][population]["pass_at_k"]["label"]
-    ax.set_xticks([0.75] + curve["k"], ["greedy\npass@1"] + [str(k) for k in curve["k"]])
-    ax.set_xlabel("k")
+    ax.set_xticks([0] + curve["k"], ["greedy\npass@1"] + [f"pass@{k}" for k in curve["k"]])
+    ax.axvline(0.5, color="grey", linewidth=0.5)  # greedy pass@1 is one answer, not a point of the curve
+    ax.set_ylim(bottom=0)
     ax.set_ylabel(f"{population} (%)")
     ax.set_title(budget, fontsize=9, loc="left")
     ax.legend(fontsize=8)
+    fig.tight_layout()
+    return fig
+
+
+# ---------------------------------------------------------------- chapter 8
+
+
+def plot_zero_signal_curve(p: float, points: list[dict], max_group_size: int = 16, p_label: str = "warm start"):
+    """The zero-signal fraction p^G + (1-p)^G against G, with each run's measured fraction (chapter 8).
+
+    p: the success rate the curve is drawn for.  points: dicts with "policy", "group_size",
+    "groups" and "measured" (the mean of frac_reward_zero_std over a run's iterations), as
+    in budget.json's zero_signal.points.  The measured points come from runs whose policy
+    moved while they ran; the curve assumes one fixed p for every prompt.
+    """
+    from .group_size import zero_signal_fraction
+
+    sizes = list(range(1, max_group_size + 1))
+    fig, ax = plt.subplots(figsize=(5.5, 3.2))
+    ax.plot(sizes, [zero_signal_fraction(p, g) for g in sizes], color="tab:gray",
+            label=f"$p^G + (1-p)^G$, p = {p:.3f} ({p_label})")
+    for pt in points:
+        ax.scatter([pt["group_size"]], [pt["measured"]], zorder=3,
+                   label=f"{pt['policy']}: measured over {pt['groups']} groups")
+    ax.set_xlabel("group size G")
+    ax.set_ylabel("fraction of groups with zero variance")
+    ax.set_ylim(-0.02, 1.02)
+    ax.set_xticks([g for g in sizes if g in (1, 2, 4, 8, 16) or g == max_group_size])
+    ax.legend(fontsize=7)
     fig.tight_layout()
     return fig

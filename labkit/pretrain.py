@@ -58,6 +58,8 @@ class PretrainConfig:
     heldout_rows: int = 16
     heldout_seed: int = corpus_mod.CORPUS_SEED + 1
     """a second stream of the same corpus (also free of dataset problems), never trained on"""
+    probe_documents: int = 256
+    """held-out direct answers (from seed heldout_seed + 1) whose teacher-forced accuracy is logged"""
     threads: int = 1
 
 
@@ -68,6 +70,21 @@ def lr_at(step: int, cfg: PretrainConfig) -> float:
     progress = (step - cfg.warmup_steps) / max(1, cfg.steps - cfg.warmup_steps)
     floor = cfg.final_lr_fraction
     return cfg.peak_lr * (floor + (1 - floor) * 0.5 * (1 + math.cos(math.pi * min(1.0, progress))))
+
+
+def tokenize_document(tokenizer, doc: corpus_mod.Document) -> tuple[list[int], list[int]]:
+    """(ids, labels) of one document; a label is -100 where the token is a digit of a drawn operand.
+
+    Drawn operands are uniform random draws: no model can predict them, and a loss on
+    them only adds noise.  Digits are single tokens in Qwen's split, so a token is
+    either wholly inside a drawn span or not.
+    """
+    encoded = tokenizer(doc.text, add_special_tokens=False, return_offsets_mapping=True)
+    ids, labels = encoded["input_ids"], []
+    for token_id, (start, end) in zip(ids, encoded["offset_mapping"]):
+        drawn = doc.text[start:end].isdigit() and any(a <= start and end <= b for a, b in doc.drawn_spans)
+        labels.append(-100 if drawn else token_id)
+    return ids, labels
 
 
 class TokenStream:
@@ -83,49 +100,83 @@ class TokenStream:
         self.problems_checked = 0
         self.tokens = 0
 
-    def __iter__(self) -> Iterator[list[int]]:
+    def __iter__(self) -> Iterator[tuple[list[int], list[int]]]:
         for doc in self.documents:
             # Stage 1: no dataset problem may be trained on, whatever the generator does.
             self.problems_checked += corpus_mod.check_disjoint([doc], self.forbidden)
-            ids = self.tokenizer(doc.text, add_special_tokens=False)["input_ids"]
+            ids, labels = tokenize_document(self.tokenizer, doc)
             if len(ids) > self.max_tokens:
                 raise ValueError(f"a {doc.kind} document has {len(ids)} tokens, more than a row's {self.max_tokens}")
             self.digest.update(doc)
             self.kinds[doc.kind] = self.kinds.get(doc.kind, 0) + 1
             self.tokens += len(ids)
-            yield ids
+            yield ids, labels
 
 
-def pack_rows(token_docs: Iterable[list[int]], row_tokens: int, lookahead: int = 16) -> Iterator[list[int]]:
-    """Whole documents packed into rows of at most `row_tokens` ids, first fit over a small look-ahead.
+Row = tuple[list[int], list[int]]  # (ids, labels) of equal length
+
+
+def pack_rows(token_docs: Iterable[Row], row_tokens: int, lookahead: int = 16) -> Iterator[Row]:
+    """Whole documents packed into rows of at most `row_tokens` tokens, first fit over a small look-ahead.
 
     Deterministic; no document is split or dropped, only their order changes
     within the look-ahead window.
     """
     source = iter(token_docs)
-    pending: list[list[int]] = []
+    pending: list[Row] = []
     while True:
         while len(pending) < lookahead:
             pending.append(next(source))
-        row: list[int] = []
+        ids: list[int] = []
+        labels: list[int] = []
         kept = []
-        for ids in pending:
-            if len(row) + len(ids) <= row_tokens:
-                row.extend(ids)
+        for doc_ids, doc_labels in pending:
+            if len(ids) + len(doc_ids) <= row_tokens:
+                ids.extend(doc_ids)
+                labels.extend(doc_labels)
             else:
-                kept.append(ids)
+                kept.append((doc_ids, doc_labels))
         pending = kept
-        yield row
+        yield ids, labels
 
 
-def batch_tensors(rows: list[list[int]], row_tokens: int, pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """(input_ids, labels), both (rows, row_tokens) int64; labels are -100 on the right padding."""
+def batch_tensors(rows: list[Row], row_tokens: int, pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(input_ids, labels), both (rows, row_tokens) int64, right-padded; labels are -100 on the padding."""
     input_ids = torch.full((len(rows), row_tokens), pad_id, dtype=torch.long)
     labels = torch.full((len(rows), row_tokens), -100, dtype=torch.long)
-    for i, row in enumerate(rows):
-        input_ids[i, : len(row)] = torch.tensor(row)
-        labels[i, : len(row)] = torch.tensor(row)
+    for i, (ids, row_labels) in enumerate(rows):
+        input_ids[i, : len(ids)] = torch.tensor(ids)
+        labels[i, : len(ids)] = torch.tensor(row_labels)
     return input_ids, labels
+
+
+def answer_probe(tokenizer, documents: list[corpus_mod.Document]) -> tuple[torch.Tensor, torch.Tensor]:
+    """(input_ids (n, T), answer_mask (n, T)) for `answer_accuracy`: direct documents, right-padded.
+
+    answer_mask marks the tokens of each document's answer number.
+    """
+    encoded = [tokenizer(d.text, add_special_tokens=False, return_offsets_mapping=True) for d in documents]
+    width = max(len(e["input_ids"]) for e in encoded)
+    input_ids = torch.full((len(documents), width), tokenizer.pad_token_id, dtype=torch.long)
+    mask = torch.zeros((len(documents), width), dtype=torch.bool)
+    for i, (doc, e) in enumerate(zip(documents, encoded)):
+        input_ids[i, : len(e["input_ids"])] = torch.tensor(e["input_ids"])
+        a, b = doc.answer_span
+        for j, (start, end) in enumerate(e["offset_mapping"]):
+            mask[i, j] = a <= start and end <= b and end > start
+    return input_ids, mask
+
+
+@torch.no_grad()
+def answer_accuracy(model, input_ids: torch.Tensor, answer_mask: torch.Tensor) -> float:
+    """Fraction of documents whose every answer token is the argmax of the model (teacher forcing).
+
+    input_ids, answer_mask: (n, T).  The prediction for token t comes from position t-1.
+    """
+    predicted = model(input_ids=input_ids).logits[:, :-1].argmax(-1)  # (n, T-1)
+    target, mask = input_ids[:, 1:], answer_mask[:, 1:]
+    wrong = ((predicted != target) & mask).any(-1)
+    return float((~wrong).float().mean())
 
 
 @torch.no_grad()
@@ -161,12 +212,17 @@ def pretrain(cfg: PretrainConfig = PretrainConfig(), out_dir: str | Path = TINY_
         held_rows = [next(held) for _ in range(cfg.heldout_rows)]
         held_batches = [batch_tensors(held_rows[i : i + cfg.rows_per_step], cfg.row_tokens, pad_id)
                         for i in range(0, cfg.heldout_rows, cfg.rows_per_step)]
+        probe_source = corpus_mod.CorpusGenerator(cfg.heldout_seed + 1, forbidden)
+        probe = answer_probe(tokenizer, [probe_source.direct() for _ in range(cfg.probe_documents)])
+
+        def measure() -> dict:
+            return {"heldout_loss": heldout_loss(model, held_batches), "answer_accuracy": answer_accuracy(model, *probe)}
 
         model = new_tiny_model(cfg.seed, tokenizer).eval()
         initial_digest = parameter_digest(model)
         optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.peak_lr, betas=(cfg.beta1, cfg.beta2),
                                       weight_decay=cfg.weight_decay)
-        log: list[dict] = [{"step": 0, "heldout_loss": heldout_loss(model, held_batches), "elapsed_s": 0.0}]
+        log: list[dict] = [{"step": 0, **measure(), "elapsed_s": 0.0}]
         window: list[float] = []
         bar = tqdm(range(cfg.steps), desc="pretrain tiny", disable=not progress, mininterval=5)
         for step in bar:
@@ -187,7 +243,7 @@ def pretrain(cfg: PretrainConfig = PretrainConfig(), out_dir: str | Path = TINY_
                 row = {"step": done, "lr": lr_at(step, cfg), "loss": sum(window) / len(window),
                        "grad_norm": float(grad_norm), "tokens": stream.tokens, "elapsed_s": round(time.time() - started, 1)}
                 if done % cfg.heldout_every == 0 or done == cfg.steps:
-                    row["heldout_loss"] = heldout_loss(model, held_batches)
+                    row.update(measure())
                 log.append(row)
                 window = []
                 bar.set_postfix(loss=f"{row['loss']:.3f}")
@@ -197,7 +253,7 @@ def pretrain(cfg: PretrainConfig = PretrainConfig(), out_dir: str | Path = TINY_
         save_model(model, out_dir / "model.safetensors")
         atomic_write_text(out_dir / "config.json", model.config.to_json_string())
         losses = [r for r in log if "loss" in r]
-        held_curve = [(r["step"], r["heldout_loss"]) for r in log if "heldout_loss" in r]
+        held_curve = [[r["step"], round(r["heldout_loss"], 4), r["answer_accuracy"]] for r in log if "heldout_loss" in r]
         manifest = {
             "preset": "tiny",
             "command": "python -m labkit pretrain --preset tiny",
@@ -219,6 +275,7 @@ def pretrain(cfg: PretrainConfig = PretrainConfig(), out_dir: str | Path = TINY_
                 "first_logged": losses[0]["loss"],
                 "final_logged": losses[-1]["loss"],
                 "min_logged": min(r["loss"] for r in losses),
+                "heldout_columns": ["step", "heldout_loss", "answer_accuracy"],
                 "heldout": held_curve,
             },
             "initial_parameter_digest": initial_digest,
