@@ -65,6 +65,9 @@ test: $(STAMP)  ## unit tests, nbval over every notebook, a book build and its b
 	$(MAKE) book
 	$(MAKE) browser-check
 
+cache: $(STAMP)  ## rebuild the stale steps of the cached tiny run (python -m labkit cache check says which)
+	$(PY) -m labkit all --preset tiny --rebuild-stale --threads 1
+
 data: $(STAMP)  ## regenerate StockArithmetic-v1 from its seed
 	$(PY) -m labkit data
 

@@ -203,6 +203,49 @@ def cmd_results(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_all(args: argparse.Namespace) -> int:
+    """Every step of the protocol in order, skipping what is finished (labkit.pipeline)."""
+    from .pipeline import run_all
+
+    only = tuple(args.only.split(",")) if args.only else None
+    report = run_all(args.preset, device=args.device, threads=args.threads, rebuild_stale=args.rebuild_stale, only=only)
+    for step, outcome in report.items():
+        print(f"{step:<18} {outcome if isinstance(outcome, str) else f'{outcome:.1f} s'}")
+    return 0
+
+
+def cmd_cache(args: argparse.Namespace) -> int:
+    """Is the cached run fresh against the code, data and upstream runs that made it?"""
+    from . import cache
+
+    if args.action == "record":
+        for step in args.steps.split(","):
+            cache.record(step, args.preset)
+            print(f"recorded the inputs of {step}")
+        return 0
+    verdicts = cache.check(args.preset)
+    print(cache.format_check(verdicts))
+    bad = [k for k, v in verdicts.items() if v["status"] != "fresh"]
+    if bad:
+        print(f"not fresh: {', '.join(bad)}; rebuild with `make cache`", file=sys.stderr)
+    return 1 if bad else 0
+
+
+def cmd_sampler_agreement(args: argparse.Namespace) -> int:
+    """Reference vs fast sampler on the warm start: greedy and seeded agreement, explained, timed."""
+    import torch
+
+    from . import agreement
+
+    torch.set_num_threads(args.threads)  # one thread by default: the two samplers are timed alike
+    report = agreement.run(args.preset, state=args.state, out=args.out, limit=args.limit, draws=args.draws,
+                           max_new_tokens=args.max_new_tokens, batch_size=args.batch_size, device=args.device,
+                           overwrite=args.overwrite)
+    print(agreement.format_report(report))
+    print(f"wrote {args.out or agreement.report_path(args.preset)}")
+    return 0 if report["summary"]["unexplained_mismatches"] == 0 else 1
+
+
 def _add_sft_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--preset", default="tiny", choices=["tiny", "qwen"], help="model preset (default: %(default)s)")
     p.add_argument("--device", default=None, help="cpu or cuda (default: cuda for qwen when present, else cpu)")
@@ -259,6 +302,20 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--sampler", default="reference", choices=["reference", "fast"], help="the run's sampler")
     p.set_defaults(func=cmd_grpo_resume_check)
 
+    p = sub.add_parser("all", help="every step of the protocol in order (skips finished steps)")
+    p.add_argument("--preset", default="tiny", choices=["tiny", "qwen"], help="model preset (default: %(default)s)")
+    p.add_argument("--device", default=None, help="cpu or cuda (default: cuda for qwen when present, else cpu)")
+    p.add_argument("--threads", type=int, default=None, help="torch CPU threads for every step")
+    p.add_argument("--rebuild-stale", action="store_true", help="move stale cached steps aside and rebuild them")
+    p.add_argument("--only", default="", help="comma-separated step names to run (default: all)")
+    p.set_defaults(func=cmd_all)
+
+    p = sub.add_parser("cache", help="check (or record) whether the cached run is fresh against what made it")
+    p.add_argument("action", choices=["check", "record"], help="check: verdict per step; record: store inputs")
+    p.add_argument("--preset", default="tiny", choices=["tiny", "qwen"], help="model preset (default: %(default)s)")
+    p.add_argument("--steps", default="", help="record: comma-separated step names")
+    p.set_defaults(func=cmd_cache)
+
     # Further sub-commands are added below, one block each, in protocol order.
     for name, fixed, text in (("warm-start", "warm_start", "warm-start SFT: 128 examples, 3 epochs, 48 updates of 8"),
                               ("sft", None, "additional SFT from the warm start: 872 examples, 2 epochs, 218 updates")):
@@ -312,6 +369,21 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--check", action="store_true", help="only check that results.json reproduces byte for byte")
     p.add_argument("--limit", type=int, default=None, help="the trial on N problems per population (evaluation/trials)")
     p.set_defaults(func=cmd_results)
+
+    p = sub.add_parser("sampler-agreement", help="reference vs fast sampler on the warm start: greedy on the 200 "
+                                                 "test problems, seeded on 200 x 4 draws; mismatches explained")
+    p.add_argument("--preset", default="tiny", choices=["tiny", "qwen"], help="model preset (default: %(default)s)")
+    p.add_argument("--state", type=Path, default=None,
+                   help="model file (default: runs/<preset>/warm_start/model.safetensors of the finished warm start)")
+    p.add_argument("--out", type=Path, default=None, help="report (default: runs/<preset>/sampler_agreement.json)")
+    p.add_argument("--limit", type=int, default=None, help="only the first N test problems (a trial)")
+    p.add_argument("--draws", type=int, default=4, help="seeded samples per problem (default: %(default)s)")
+    p.add_argument("--max-new-tokens", type=int, default=64, help="response token limit (default: %(default)s)")
+    p.add_argument("--batch-size", type=int, default=100, help="fast sampler rows per batch (default: %(default)s)")
+    p.add_argument("--device", default=None, help="cpu or cuda (default: cuda for qwen when present, else cpu)")
+    p.add_argument("--threads", type=int, default=1, help="torch CPU threads (default: %(default)s)")
+    p.add_argument("--overwrite", action="store_true", help="replace an existing report (evidence: normally refused)")
+    p.set_defaults(func=cmd_sampler_agreement)
 
     return parser
 

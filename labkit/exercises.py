@@ -148,3 +148,270 @@ def check_ch08_zero_signal(zero_signal_fraction) -> bool:
         raise ExerciseError(f"{where} returned {value!r}, expected {expected!r}. Hint: {hint}.")
     print(f"Correct: your zero_signal_fraction agrees with p^G + (1-p)^G on all {len(CH08_CASES)} cases.")
     return True
+
+
+# ---------------------------------------------------------------- chapter 3
+
+# Reward groups the chapter 3 checker tries, in order: the chapter's cases first, then the traps.
+CH03_CASES = (
+    ("the chapter's [1, 0, 1, 0]", [[1.0, 0.0, 1.0, 0.0]]),
+    ("one winner in four", [[1.0, 0.0, 0.0, 0.0]]),
+    ("a constant group of zeros", [[0.0, 0.0, 0.0, 0.0]]),
+    ("a constant group of ones", [[1.0, 1.0, 1.0, 1.0]]),
+    ("four groups at once (one row per prompt)", [[1.0, 0.0, 0.0, 0.0], [0.0, 0.0, 0.0, 0.0],
+                                                   [1.0, 1.0, 0.0, 0.0], [1.0, 1.0, 1.0, 0.0]]),
+    ("a group of G = 2", [[0.0, 1.0]]),
+    ("a group of G = 8", [[0.0, 1.0, 0.0, 0.0, 1.0, 0.0, 0.0, 0.0]]),
+    ("rewards that are not 0/1", [[0.3, 0.1, 0.9, 0.5]]),
+    ("a constant group of three 0.1 (their mean is not exactly 0.1 in floating point)", [[0.1, 0.1, 0.1]]),
+    ("rewards 1e-8 apart (eps is as large as the std here)", [[1e-8, 0.0]]),
+)
+
+
+def _ch03_variants(rewards):
+    """Answers of the usual mistakes, to name the one a wrong answer matches."""
+    import torch
+
+    r = rewards.double()
+    centred = r - r.mean(dim=1, keepdim=True)
+    return {
+        "sample std": centred / (r.std(dim=1, correction=1, keepdim=True) + 1e-8),
+        "no eps": centred / r.std(dim=1, correction=0, keepdim=True),
+        "eps inside the square root": centred / (r.var(dim=1, correction=0, keepdim=True) + 1e-8).sqrt(),
+        "no std division": centred,
+        "no centring": r / (r.std(dim=1, correction=0, keepdim=True) + 1e-8),
+        "mean over all groups": (r - r.mean()) / (r.std(correction=0) + 1e-8),
+        "not set to zero": centred / (centred.pow(2).mean(dim=1, keepdim=True).sqrt() + 1e-8),
+        "torch.zeros": torch.zeros_like(r),
+    }
+
+
+CH03_HINTS = {
+    "sample std": "use the population std (divide by G: `correction=0`), not torch's default sample std (G - 1)",
+    "no eps": "add eps = 1e-8 to the std in the denominator: (r - mean) / (std + eps)",
+    "eps inside the square root": "add eps to the std itself, (std + eps), not to the variance under the square root",
+    "no std division": "that is Dr. GRPO's centred reward; GRPO also divides by (std + eps)",
+    "no centring": "subtract the group's mean reward first",
+    "mean over all groups": "mean and std are taken within each group (dim=1), one row per prompt",
+    "not set to zero": ("centring in floating point can leave ~1e-17 that the division by (0 + eps) blows up; "
+                        "detect constant groups (all rewards equal) and give them exactly 0.0"),
+}
+
+
+def check_ch03_group_advantages(group_advantages) -> bool:
+    """Grade chapter 3's exercise: `group_advantages(rewards) -> advantages`.
+
+    rewards: (groups, G) float64.  The answer must have shape (groups, G), agree with
+    `labkit.losses.group_advantages` within 1e-9, be exactly 0.0 in every constant group,
+    carry no gradient, and leave the rewards unchanged.
+    """
+    import torch
+
+    from .losses import group_advantages as reference
+    from .losses import zero_variance_groups
+
+    if not callable(group_advantages):
+        raise ExerciseError(f"pass your function itself, not {type(group_advantages).__name__}")
+    total = len(CH03_CASES)
+    for number, (what, rows) in enumerate(CH03_CASES, start=1):
+        rewards = torch.tensor(rows, dtype=torch.float64)
+        where = f"case {number} of {total} ({what}): group_advantages({rows})"
+        given = rewards.clone()
+        try:
+            got = group_advantages(given)
+        except NotImplementedError:
+            raise  # the stub's "your turn" message, unchanged
+        except Exception as err:  # the student's code may raise anything; report it, never crash
+            raise ExerciseError(f"{where} raised {type(err).__name__}: {err}") from None
+        if not torch.equal(given, rewards):
+            raise ExerciseError(f"{where} changed the rewards in place to {given.tolist()}; leave them unchanged")
+        if not isinstance(got, torch.Tensor) or tuple(got.shape) != tuple(rewards.shape):
+            shape = tuple(got.shape) if isinstance(got, torch.Tensor) else type(got).__name__
+            raise ExerciseError(f"{where} returned {shape}; return a tensor of shape {tuple(rewards.shape)}, "
+                                "one advantage per response")
+        expected = reference(rewards)
+        got64 = got.detach().double()
+        constant = zero_variance_groups(rewards)
+        wrong_zero = constant[:, None] & (got64 != 0.0)
+        if wrong_zero.any():
+            g = int(torch.nonzero(wrong_zero)[0, 0])
+            raise ExerciseError(f"{where}: group {g} is constant, so its advantages must be exactly 0.0, got "
+                                f"{got64[g].tolist()}. Hint: {CH03_HINTS['not set to zero']}.")
+        if torch.allclose(got64, expected, rtol=0.0, atol=1e-9):
+            continue
+        matches = [name for name, value in _ch03_variants(rewards).items()
+                   if name in CH03_HINTS and torch.allclose(got64, value, rtol=0.0, atol=1e-9)]
+        hint = CH03_HINTS[matches[0]] if matches else "A = (r - mean) / (std + 1e-8) within each group"
+        raise ExerciseError(f"{where} returned {got64.tolist()}, expected {expected.tolist()}. Hint: {hint}.")
+    rewards = torch.tensor([[1.0, 0.0, 1.0, 0.0]], dtype=torch.float64, requires_grad=True)
+    try:
+        got = group_advantages(rewards)
+    except NotImplementedError:
+        raise
+    except Exception as err:
+        raise ExerciseError(f"group_advantages on rewards that require grad raised {type(err).__name__}: {err}") from None
+    if got.requires_grad:
+        raise ExerciseError("your advantages carry a gradient back to the rewards; rewards and advantages are "
+                            "constants of the loss: detach the rewards first")
+    print(f"Correct: your group_advantages agrees with labkit.losses.group_advantages on all {total} cases, "
+          "gives exact zeros to constant groups and carries no gradient.")
+    return True
+
+
+# ---------------------------------------------------------------- chapter 4
+
+# (log rho, advantage) per token for the chapter 4 checker: each side of each clip edge, both signs.
+CH04_LOG_RATIOS = (-0.7, -0.25, -0.2, -0.1, 0.0, 0.1, 0.17, 0.2, 0.6)
+CH04_ADVANTAGES = (1.0, -1.0, 0.5, -1.5, 0.0)
+
+
+def _ch04_reference(log_ratio: float, advantage: float, clip_eps: float):
+    """(objective, d objective / d logp_cur) of one token, from labkit.losses.clipped_surrogate."""
+    import torch
+
+    from .losses import clipped_surrogate
+
+    logp = torch.tensor([[log_ratio]], dtype=torch.float64, requires_grad=True)
+    loss, _ = clipped_surrogate(logp, torch.zeros(1, 1, dtype=torch.float64),
+                                torch.tensor([advantage], dtype=torch.float64),
+                                torch.ones(1, 1, dtype=torch.bool), clip_eps=clip_eps)
+    (grad,) = torch.autograd.grad(-loss, logp)
+    return -loss.item(), grad.item()
+
+
+def check_ch04_clipped_objective(clipped_objective) -> bool:
+    """Grade chapter 4's exercise: `clipped_objective(logp_cur, logp_old, advantages, clip_eps) -> (B, T)`.
+
+    Each token's objective min(rho A, clip(rho, 1 - eps, 1 + eps) A), rho = exp(logp_cur -
+    logp_old), compared with `labkit.losses.clipped_surrogate` token by token (within 1e-9,
+    float64), and its gradient with respect to logp_cur: rho A on the unclipped branch,
+    exactly 0 where the clip is active.
+    """
+    import torch
+
+    if not callable(clipped_objective):
+        raise ExerciseError(f"pass your function itself, not {type(clipped_objective).__name__}")
+    checked = 0
+    for clip_eps in (0.2, 0.1):
+        # B = 5 responses (one advantage each), T = 9 tokens: every log-ratio for every advantage.
+        logp_old = torch.linspace(-3.0, -0.5, len(CH04_LOG_RATIOS), dtype=torch.float64).repeat(len(CH04_ADVANTAGES), 1)
+        log_ratio = torch.tensor(CH04_LOG_RATIOS, dtype=torch.float64).repeat(len(CH04_ADVANTAGES), 1)
+        logp_cur = (logp_old + log_ratio).requires_grad_(True)
+        advantages = torch.tensor(CH04_ADVANTAGES, dtype=torch.float64)
+        try:
+            got = clipped_objective(logp_cur, logp_old, advantages, clip_eps)
+        except NotImplementedError:
+            raise  # the stub's "your turn" message, unchanged
+        except Exception as err:  # the student's code may raise anything; report it, never crash
+            raise ExerciseError(f"clipped_objective(logp_cur (5, 9), logp_old (5, 9), advantages (5,), "
+                                f"clip_eps={clip_eps}) raised {type(err).__name__}: {err}") from None
+        if not isinstance(got, torch.Tensor) or tuple(got.shape) != tuple(logp_cur.shape):
+            shape = tuple(got.shape) if isinstance(got, torch.Tensor) else type(got).__name__
+            raise ExerciseError(f"clipped_objective returned {shape}; return one objective per token, shape (5, 9) "
+                                "(broadcast each response's advantage over its tokens: advantages[:, None])")
+        if not got.requires_grad:
+            raise ExerciseError("your objective carries no gradient to logp_cur: build it from logp_cur with torch "
+                                "operations (no .detach(), .item() or numpy)")
+        (grad,) = torch.autograd.grad(got.sum(), logp_cur, allow_unused=True)
+        if grad is None:
+            raise ExerciseError("your objective does not depend on logp_cur through autograd")
+        for b, A in enumerate(CH04_ADVANTAGES):
+            for t, x in enumerate(CH04_LOG_RATIOS):
+                rho = torch.tensor(x, dtype=torch.float64).exp().item()
+                value, slope = _ch04_reference(x, A, clip_eps)
+                where = f"token with rho = {rho:.4f}, A = {A:+g}, clip_eps = {clip_eps}"
+                if abs(got[b, t].item() - value) > 1e-9:
+                    if abs(got[b, t].item() - rho * A) <= 1e-9:
+                        hint = "you returned rho A: take the minimum with the clipped term clip(rho, 1-eps, 1+eps) A"
+                    elif abs(got[b, t].item() - max(rho * A, min(max(rho, 1 - clip_eps), 1 + clip_eps) * A)) <= 1e-9:
+                        hint = "take the minimum (the pessimistic term), not the maximum"
+                    else:
+                        hint = "min(rho A, clip(rho, 1 - eps, 1 + eps) A), with rho = exp(logp_cur - logp_old)"
+                    raise ExerciseError(f"{where}: objective {got[b, t].item():.6g}, expected {value:.6g}. Hint: {hint}.")
+                if abs(grad[b, t].item() - slope) > 1e-9:
+                    if slope == 0.0:
+                        hint = ("the clip is active here, so the gradient must be exactly 0: compute the clipped term "
+                                "with torch.clamp on rho (its gradient is 0 outside the interval), and do not detach "
+                                "anything else")
+                    else:
+                        hint = ("the gradient of rho A with respect to logp_cur is rho A (rho = exp(logp_cur - "
+                                "logp_old)); did you detach rho, or compute it from logp_old?")
+                    raise ExerciseError(f"{where}: d objective / d logp_cur = {grad[b, t].item():.6g}, "
+                                        f"expected {slope:.6g}. Hint: {hint}.")
+                checked += 1
+    print(f"Correct: your clipped_objective matches labkit.losses.clipped_surrogate on {checked} tokens "
+          "(values and gradients, both signs of A, both sides of both clip edges).")
+    return True
+
+
+# ---------------------------------------------------------------- chapter 5
+
+
+def _ch05_local_blocks(logits_cur, logits_ref, block_size):
+    """The protocol's warning: each block softmax-normalised on its own (a different, wrong sum)."""
+    import torch
+
+    total = torch.zeros(logits_cur.shape[0], dtype=torch.float64)
+    for start in range(0, logits_cur.shape[-1], block_size):
+        logp = torch.log_softmax(logits_cur[:, start:start + block_size].double(), dim=-1)
+        logq = torch.log_softmax(logits_ref[:, start:start + block_size].double(), dim=-1)
+        total += (logp.exp() * (logp - logq)).sum(dim=-1)
+    return total
+
+
+def check_ch05_blocked_kl(blocked_kl) -> bool:
+    """Grade chapter 5's exercise: `blocked_kl(logits_cur, logits_ref, block_size) -> (N,)`.
+
+    The exact KL(p_cur || p_ref) of each row's next-token distributions, computed one
+    vocabulary block at a time with the full normaliser.  Compared with
+    `labkit.losses.exact_prefix_kl` in float64 (within 1e-10 relative) on random logits,
+    with block sizes that do and do not divide V, large logits (no overflow), and
+    identical rows (KL exactly 0 is not required, but within 1e-12).
+    """
+    import torch
+
+    from .losses import exact_prefix_kl
+
+    if not callable(blocked_kl):
+        raise ExerciseError(f"pass your function itself, not {type(blocked_kl).__name__}")
+    g = torch.Generator().manual_seed(5)
+    cur = torch.randn(6, 50, generator=g, dtype=torch.float64) * 2.0
+    ref = torch.randn(6, 50, generator=g, dtype=torch.float64) * 2.0
+    cases = [
+        ("random logits, 6 prefixes x V = 50", cur, ref, 16),
+        ("the same, one block holding the whole vocabulary", cur, ref, 50),
+        ("the same, blocks of 7 (the last block is shorter)", cur, ref, 7),
+        ("the same, blocks of 1", cur, ref, 1),
+        ("large logits (exp would overflow without subtracting the maximum)", cur * 400.0, ref * 400.0, 16),
+        ("identical distributions", cur, cur.clone(), 16),
+    ]
+    for number, (what, logits_cur, logits_ref, block_size) in enumerate(cases, start=1):
+        where = f"case {number} of {len(cases)} ({what}, block_size={block_size})"
+        try:
+            got = blocked_kl(logits_cur.clone(), logits_ref.clone(), block_size)
+        except NotImplementedError:
+            raise  # the stub's "your turn" message, unchanged
+        except Exception as err:  # the student's code may raise anything; report it, never crash
+            raise ExerciseError(f"{where} raised {type(err).__name__}: {err}") from None
+        if not isinstance(got, torch.Tensor) or tuple(got.shape) != (logits_cur.shape[0],):
+            shape = tuple(got.shape) if isinstance(got, torch.Tensor) else type(got).__name__
+            raise ExerciseError(f"{where}: returned {shape}; return one KL per prefix, shape ({logits_cur.shape[0]},)")
+        got = got.detach().double()
+        expected = exact_prefix_kl(logits_cur, logits_ref, block_size=block_size)
+        if not torch.isfinite(got).all():
+            raise ExerciseError(f"{where}: got {got.tolist()}. Hint: subtract each row's maximum before exp "
+                                "(log-sum-exp), so no exponential overflows.")
+        if torch.allclose(got, expected, rtol=1e-10, atol=1e-12):
+            continue
+        local = _ch05_local_blocks(logits_cur, logits_ref, block_size)
+        if torch.allclose(got, local, rtol=1e-10, atol=1e-12):
+            hint = ("you normalised each block on its own; every block needs the FULL normaliser, "
+                    "log p(v) = z_v - logsumexp over all V entries, found by a first pass over the blocks")
+        elif torch.allclose(got, exact_prefix_kl(logits_ref, logits_cur, block_size=block_size), rtol=1e-10, atol=1e-12):
+            hint = "that is KL(p_ref || p_cur); the lab's KL weighs by the current policy: sum p_cur (log p_cur - log p_ref)"
+        else:
+            hint = "sum over all V entries of p_cur(v) (log p_cur(v) - log p_ref(v)), with log p = z - logsumexp(z)"
+        raise ExerciseError(f"{where}: got {[round(v, 9) for v in got.tolist()]}, expected "
+                            f"{[round(v, 9) for v in expected.tolist()]}. Hint: {hint}.")
+    print(f"Correct: your blocked_kl agrees with labkit.losses.exact_prefix_kl on all {len(cases)} cases.")
+    return True

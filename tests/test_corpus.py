@@ -98,20 +98,52 @@ def test_the_corpus_is_deterministic():
 
 
 def test_pack_rows_first_fit_keeps_documents_whole():
-    docs = [[1] * 4, [2] * 7, [3] * 3, [4] * 5, [5] * 2, [6] * 6] + [[9] * 10] * 10
+    lengths = [4, 7, 3, 5, 2, 6] + [10] * 10
+    docs = [([n] * n, [-n] * n) for n in lengths]  # labels differ from ids to see them travel together
     rows = pretrain.pack_rows(docs, row_tokens=10, lookahead=4)
-    # Row 1 looks at docs 1-4: takes 4 (4), skips 7, takes 3 (7), skips 5.
-    assert next(rows) == [1] * 4 + [3] * 3
-    # Row 2 looks at [7, 5] + next two [2, 6]: takes 7, skips 5, takes 2, skips 6.
-    assert next(rows) == [2] * 7 + [5] * 2
-    assert next(rows) == [4] * 5
-    assert next(rows) == [6] * 6
+    # Row 1 looks at docs 4, 7, 3, 5: takes 4, skips 7, takes 3, skips 5.
+    assert next(rows) == ([4] * 4 + [3] * 3, [-4] * 4 + [-3] * 3)
+    # Row 2 looks at 7, 5 and the next two, 2, 6: takes 7, skips 5, takes 2, skips 6.
+    assert next(rows)[0] == [7] * 7 + [2] * 2
+    assert next(rows)[0] == [5] * 5
+    assert next(rows)[0] == [6] * 6
 
 
 def test_batch_tensors_masks_only_the_padding():
-    input_ids, labels = pretrain.batch_tensors([[5, 6, 7], [8]], row_tokens=4, pad_id=0)
+    input_ids, labels = pretrain.batch_tensors([([5, 6, 7], [5, -100, 7]), ([8], [8])], row_tokens=4, pad_id=0)
     assert input_ids.tolist() == [[5, 6, 7, 0], [8, 0, 0, 0]]
-    assert labels.tolist() == [[5, 6, 7, -100], [8, -100, -100, -100]]
+    assert labels.tolist() == [[5, -100, 7, -100], [8, -100, -100, -100]]
+
+
+def test_no_loss_on_the_digits_of_drawn_operands():
+    tok = load_tiny_tokenizer()
+    doc = corpus.CorpusGenerator(seed=2, forbidden=frozenset()).equations(count=1)
+    ids, labels = pretrain.tokenize_document(tok, doc)
+    shown = "".join("#" if label == -100 else tok.decode([i]) for i, label in zip(ids, labels))
+    left, right = doc.text.split(" = ")
+    # Every operand digit on the left is hidden from the loss; the result is trained.
+    assert shown == re.sub(r"\d", "#", left) + " = " + right
+
+
+def test_answer_accuracy_counts_documents_with_every_answer_token_right():
+    class Echo(torch.nn.Module):
+        """Predicts, at every position, the token that follows in `truth` except where told to fail."""
+
+        def __init__(self, truth, fail):
+            super().__init__()
+            self.truth, self.fail = truth, fail
+
+        def forward(self, input_ids):
+            nxt = torch.cat([self.truth[:, 1:], self.truth[:, :1]], dim=1)
+            nxt = torch.where(self.fail, (nxt + 1) % 10, nxt)
+            return type("Out", (), {"logits": torch.nn.functional.one_hot(nxt, 10).float()})
+
+    ids = torch.tensor([[1, 2, 3, 4], [1, 2, 3, 4], [5, 6, 7, 8]])
+    mask = torch.tensor([[0, 0, 1, 1], [0, 0, 1, 1], [0, 1, 0, 0]], dtype=torch.bool)
+    fail = torch.zeros_like(ids, dtype=torch.bool)
+    fail[1, 2] = True  # position 2 predicts token 3 of row 1: an answer token, wrong
+    fail[2, 2] = True  # position 2 predicts token 3 of row 2: not an answer token
+    assert pretrain.answer_accuracy(Echo(ids, fail), ids, mask) == pytest.approx(2 / 3)
 
 
 def test_learning_rate_schedule():

@@ -1,0 +1,108 @@
+"""`python -m labkit all`: every step of the protocol, in order, each in its own process.
+
+    step                 command                                   output under runs/<preset>/
+    data                 python -m labkit data --check             (checks data/ reproduces)
+    base                 python -m labkit pretrain                 base/        (tiny only)
+    warm_start           python -m labkit warm-start               warm_start/
+    sft                  python -m labkit sft                      sft/
+    sft_resume           python -m labkit sft-resume-check         */resume_report.json
+    grpo                 python -m labkit grpo                     grpo/
+    grpo_resume          python -m labkit grpo-resume-check        grpo/resume_report.json
+    sampler_agreement    python -m labkit sampler-agreement        sampler_agreement.json
+    evaluation           python -m labkit evaluate --policy all    evaluation/
+    group_size           python -m labkit group-size               grpo_g2/, grpo_g8/, group_size/
+
+A step whose output is finished is skipped (finished runs are evidence and are
+never overwritten); with `rebuild_stale`, a step that `labkit.cache` finds stale
+is moved aside to `runs/<preset>/stale/` first and rebuilt.  Each step's wall
+time goes to `runs/<preset>/protocol_times.json`; each built step's inputs are
+recorded in `runs/<preset>/cache.json`.
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from . import cache
+from .runs import REPO_ROOT, is_finished, read_json, write_json
+
+
+def _done(preset: str, step: str) -> bool:
+    root = cache.runs_dir(preset)
+    checks = {
+        "data": lambda: False,
+        "base": lambda: is_finished(root / "base"),
+        "warm_start": lambda: is_finished(root / "warm_start"),
+        "sft": lambda: is_finished(root / "sft"),
+        "sft_resume": lambda: (root / "warm_start" / "resume_report.json").exists()
+        and (root / "sft" / "resume_report.json").exists(),
+        "grpo": lambda: is_finished(root / "grpo"),
+        "grpo_resume": lambda: (root / "grpo" / "resume_report.json").exists(),
+        "sampler_agreement": lambda: (root / "sampler_agreement.json").exists(),
+        "evaluation": lambda: (root / "evaluation" / "results.json").exists(),
+        "group_size": lambda: is_finished(root / "group_size"),
+    }
+    return checks[step]()
+
+
+def _commands(preset: str, device: str | None, threads: int | None) -> list[tuple[str, list[str]]]:
+    common = ["--preset", preset] + (["--device", device] if device else [])
+    threaded = common + (["--threads", str(threads)] if threads else [])
+    steps = [("data", ["data", "--check"])]
+    if preset == "tiny":
+        steps.append(("base", ["pretrain", "--preset", "tiny"] + (["--threads", str(threads)] if threads else [])))
+    steps += [
+        ("warm_start", ["warm-start", *threaded]),
+        ("sft", ["sft", *threaded]),
+        ("sft_resume", ["sft-resume-check", *threaded, "--branch", "both"]),
+        ("grpo", ["grpo", *threaded, "--save-states-at", "40"]),
+        ("grpo_resume", ["grpo-resume-check", *threaded]),
+        ("sampler_agreement", ["sampler-agreement", *common]),
+        ("evaluation", ["evaluate", *threaded, "--policy", "all"]),
+        ("group_size", ["group-size", *threaded]),
+    ]
+    return steps
+
+
+# Steps of the pipeline that correspond to a cache step (for staleness and recording).
+CACHE_STEP = {"base": "base", "warm_start": "warm_start", "sft": "sft", "grpo": "grpo",
+              "evaluation": "evaluation", "group_size": "group_size"}
+
+
+def run_all(preset: str, *, device: str | None = None, threads: int | None = None, rebuild_stale: bool = False,
+            only: tuple[str, ...] | None = None) -> dict:
+    """Run every step not yet done; returns {step: seconds or "skipped"}."""
+    root = cache.runs_dir(preset)
+    times_path = root / "protocol_times.json"
+    times = read_json(times_path) if times_path.exists() else {}
+    if rebuild_stale and preset == "tiny":
+        for name, verdict in cache.check(preset).items():
+            if verdict["status"] == "stale":
+                folder = root / cache.get_step(name).folder
+                aside = root / "stale" / f"{folder.name}-{time.strftime('%Y%m%d-%H%M%S')}"
+                aside.parent.mkdir(parents=True, exist_ok=True)
+                print(f"{name} is stale ({', '.join(verdict['changed'][:4])}); moving it to {aside}", flush=True)
+                shutil.move(str(folder), aside)
+    report = {}
+    for step, args in _commands(preset, device, threads):
+        if only and step not in only:
+            continue
+        if _done(preset, step):
+            report[step] = "skipped (done)"
+            print(f"[{step}] done already; skipped", flush=True)
+            continue
+        print(f"[{step}] python -m labkit {' '.join(args)}", flush=True)
+        t0 = time.perf_counter()
+        subprocess.run([sys.executable, "-m", "labkit", *args], check=True, cwd=REPO_ROOT)
+        seconds = round(time.perf_counter() - t0, 1)
+        report[step] = seconds
+        if step != "data":
+            times[step] = seconds
+            write_json(times_path, times)
+        if step in CACHE_STEP:
+            cache.record(CACHE_STEP[step], preset)
+    return report
