@@ -97,6 +97,10 @@ def cmd_sft_resume_check(args: argparse.Namespace) -> int:
     branches = sft.BRANCHES if args.branch == "both" else (args.branch,)
     status = 0
     for branch in branches:
+        existing = sft.default_run_dir(args.preset, branch) / "resume_report.json"
+        if existing.exists() and not args.overwrite:
+            print(f"{branch}: {existing} exists (evidence); skipped")
+            continue
         report = sft.resume_check(args.preset, branch, device=args.device, overwrite=args.overwrite,
                                   progress=not args.no_progress)
         extra = report["cost"]["extra_for_the_check"]["total_seconds"]
@@ -390,4 +394,12 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    if hasattr(args, "threads") and args.threads is None and getattr(args, "preset", None) == "tiny":
+        # The tiny model gains nothing from a second CPU thread, and on a busy 2-core
+        # machine threads waiting for each other slow it down many times over.
+        args.threads = 1
+    if getattr(args, "threads", None):
+        import torch
+
+        torch.set_num_threads(args.threads)
     return args.func(args)

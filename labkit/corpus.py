@@ -54,12 +54,14 @@ EXTRA_TEMPLATES = (
 )
 EXTRA_ITEMS = ("cups", "pens", "tables", "bags", "coats", "plates")
 
-# Share of each document kind (the rest of the weight goes to direct answers).
+# Share of each document kind.
+# Running totals and single sums are the easier skills (copying a number, one
+# operation) that the direct answer is built from; they are a good share of it.
 KIND_WEIGHTS = (
-    ("direct", 0.55),  # chat: statement + other instruction -> answer in another format
-    ("worked", 0.15),  # chat or plain text: running totals, then the answer as a sentence
-    ("equations", 0.20),  # plain lines: "a + b + c - d - e = n"
-    ("sums", 0.10),  # plain lines: "a + b = n", "a - b = n"
+    ("direct", 0.45),  # chat: statement + other instruction -> answer in another format
+    ("worked", 0.25),  # chat or plain text: running totals, then the answer as a sentence
+    ("equations", 0.15),  # plain lines: "a + b + c - d - e = n"
+    ("sums", 0.15),  # plain lines: "a + b = n", "a - b = n"
 )
 OOD_SHARE = 0.15  # problems with operands up to 100, so three-digit stocks are not unknown
 

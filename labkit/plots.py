@@ -37,6 +37,40 @@ def plot_target_distribution(records: list[dict], bin_width: int = 10):
     return fig
 
 
+# ---------------------------------------------------------------- chapter 2
+
+
+def plot_rollout_logprobs(token_texts: list[list[str]], token_logprobs: list[list[float]], titles: list[str]):
+    """One panel per rollout: the behaviour log-prob of each generated token, labelled by its text (chapter 2).
+
+    token_texts[i][j]: the text of token j of rollout i (as it should appear on
+    the axis); token_logprobs[i][j]: its log-probability under the sampling
+    policy; titles[i]: the panel's title (e.g. seed, stop reason, reward).  The
+    y axis is shared, so a confident token (near 0) and a gamble (far below)
+    compare across rollouts.
+    """
+    if not (len(token_texts) == len(token_logprobs) == len(titles)):
+        raise ValueError(f"{len(token_texts)} token lists, {len(token_logprobs)} log-prob lists and "
+                         f"{len(titles)} titles: one of each per rollout")
+    width = max(len(t) for t in token_texts)
+    fig, axes = plt.subplots(len(titles), 1, figsize=(max(6.0, 0.45 * width + 1.5), 1.7 * len(titles)),
+                             sharey=True, squeeze=False)
+    low = min(min(lp) for lp in token_logprobs)
+    for ax, texts, logprobs, title in zip(axes[:, 0], token_texts, token_logprobs, titles):
+        if len(texts) != len(logprobs):
+            raise ValueError(f"rollout {title!r}: {len(texts)} tokens but {len(logprobs)} log-probs")
+        ax.bar(range(len(logprobs)), logprobs, color=["tab:red" if lp < -1 else "tab:blue" for lp in logprobs])
+        ax.set_xticks(range(len(texts)), texts, fontsize=8, family="monospace")
+        ax.set_xlim(-0.6, width - 0.4)
+        ax.set_ylim(min(low * 1.1, -1.5), 0.0)
+        ax.axhline(-1.0, color="grey", linewidth=0.6, linestyle=":")
+        ax.set_ylabel("log-prob")
+        ax.set_title(title, fontsize=9, loc="left")
+    axes[-1, 0].set_xlabel("generated token (red: log-prob below -1, i.e. probability below 0.37)")
+    fig.tight_layout()
+    return fig
+
+
 # ---------------------------------------------------------------- chapter 3
 
 
@@ -176,29 +210,37 @@ def plot_kl_blocks(blocks: list[str], full: list[float], local: list[float], mas
     return fig
 
 
-def plot_kl_estimators(exact, single: dict, means: dict):
-    """The exact prefix KL against the k1/k2/k3 estimates on many prefixes: bias and spread (chapter 5).
+def plot_kl_estimators(exact, expectations: dict, spreads: dict):
+    """The exact prefix KL against the k1/k2/k3 estimators on many prefixes: bias and spread (chapter 5).
 
-    exact: (N,) exact KL per prefix.  single: {name: (N,)} one-draw estimates (the token
-    actually sampled).  means: {name: (N,)} the estimator averaged over many draws from
-    p_cur at the same prefix (its expectation, up to Monte-Carlo error).  Left: one draw
-    against the exact value (spread); right: the many-draw mean against it (bias).  The
-    diagonal is "estimate = exact".
+    exact: (N,) exact KL per prefix (pass only prefixes with KL > 0: the x axis is
+    logarithmic).  expectations: {name: (N,)} each estimator's expected value over
+    x ~ p_cur at the prefix; spreads: {name: (N,)} its standard deviation (the typical error
+    of one draw).  Both are computed from the full distributions, not sampled.  Left: the
+    relative bias E[k] / KL - 1 (0 for an unbiased estimator); right: the spread, log-log,
+    against the line "std = KL".
     """
     import numpy as np
 
     exact = np.asarray(exact)
-    colors = {"k1": "tab:blue", "k2": "tab:orange", "k3": "tab:green"}
-    fig, axes = plt.subplots(1, 2, figsize=(9.5, 3.8))
-    for ax, data, title in ((axes[0], single, "one sampled token per prefix (spread)"),
-                            (axes[1], means, "mean over many draws per prefix (bias)")):
-        for name, values in data.items():
-            ax.scatter(exact, np.asarray(values), s=5, alpha=0.5, color=colors.get(name), label=name)
-        line = [0.0, float(exact.max())]
-        ax.plot(line, line, color="black", linewidth=0.8, label="estimate = exact")
+    order = np.argsort(exact)
+    styles = {"k1": ("tab:blue", "o", 14), "k2": ("tab:orange", "s", 8), "k3": ("tab:green", "^", 5)}
+    fig, (left, right) = plt.subplots(1, 2, figsize=(9.5, 3.9))
+    for name in expectations:
+        color, marker, size = styles.get(name, ("black", "o", 6))
+        kwargs = dict(s=size, marker=marker, color=color, alpha=0.6, label=name, linewidths=0)
+        left.scatter(exact[order], (np.asarray(expectations[name]) / exact - 1.0)[order], **kwargs)
+        right.scatter(exact[order], np.asarray(spreads[name])[order], **kwargs)
+    left.axhline(0.0, color="black", linewidth=0.8, label="unbiased")
+    right.plot([exact.min(), exact.max()], [exact.min(), exact.max()], color="black", linewidth=0.8, label="std = KL")
+    left.set_ylabel("relative bias  E[estimate] / KL - 1")
+    left.set_title("bias: expected value of one draw", fontsize=9, loc="left")
+    right.set_yscale("log")
+    right.set_ylabel("std of one draw (nats)")
+    right.set_title("spread: standard deviation of one draw", fontsize=9, loc="left")
+    for ax in (left, right):
+        ax.set_xscale("log")
         ax.set_xlabel("exact KL at the prefix (nats)")
-        ax.set_ylabel("estimate (nats)")
-        ax.set_title(title, fontsize=9, loc="left")
         ax.legend(fontsize=7, markerscale=2)
     fig.tight_layout()
     return fig

@@ -5,8 +5,9 @@ The stages, in the order the loop runs them:
 1. the corpus: an endless document stream from `labkit.corpus`, every document
    checked against the 1,400 dataset problems before it is used;
 2. packing: whole documents, first fit, into rows of `row_tokens` tokens,
-   right-padded (padding is never attended to by real tokens under the causal
-   mask, and its labels are -100);
+   right-padded (labels -100).  Position ids restart at 0 with every document,
+   which makes transformers build a block-diagonal causal mask: a document sees
+   only itself, at the positions it has when the lab prompts the model alone;
 3. the update: next-token cross-entropy over every real token, AdamW, linear
    warm-up then cosine decay, gradient-norm clipping;
 4. the record: `log.jsonl` (loss and learning rate every `log_every` steps,
@@ -41,20 +42,20 @@ class PretrainConfig:
     seed: int = 0
     """initialises the model (the corpus has its own seed)"""
     corpus_seed: int = corpus_mod.CORPUS_SEED
-    steps: int = 6000
-    """about 25 minutes on one CPU thread at ~0.25 s a step"""
-    rows_per_step: int = 8
+    steps: int = 12000
+    """about 25 minutes on one CPU thread at ~0.125 s a step"""
+    rows_per_step: int = 4
     row_tokens: int = 256
-    """8 rows x 256 tokens = 2,048 token slots per update"""
-    peak_lr: float = 2e-3
-    warmup_steps: int = 150
+    """4 rows x 256 tokens = 1,024 token slots per update: more updates for the same compute"""
+    peak_lr: float = 3e-3
+    warmup_steps: int = 200
     final_lr_fraction: float = 0.1
     weight_decay: float = 0.01
     beta1: float = 0.9
     beta2: float = 0.95
     grad_clip: float = 1.0
-    log_every: int = 50
-    heldout_every: int = 500
+    log_every: int = 100
+    heldout_every: int = 1000
     heldout_rows: int = 16
     heldout_seed: int = corpus_mod.CORPUS_SEED + 1
     """a second stream of the same corpus (also free of dataset problems), never trained on"""
@@ -113,41 +114,55 @@ class TokenStream:
             yield ids, labels
 
 
-Row = tuple[list[int], list[int]]  # (ids, labels) of equal length
+Doc = tuple[list[int], list[int]]  # (ids, labels) of equal length
+Row = tuple[list[int], list[int], list[int]]  # (ids, labels, position ids) of equal length
 
 
-def pack_rows(token_docs: Iterable[Row], row_tokens: int, lookahead: int = 16) -> Iterator[Row]:
+def pack_rows(token_docs: Iterable[Doc], row_tokens: int, lookahead: int = 16) -> Iterator[Row]:
     """Whole documents packed into rows of at most `row_tokens` tokens, first fit over a small look-ahead.
 
     Deterministic; no document is split or dropped, only their order changes
-    within the look-ahead window.
+    within the look-ahead window.  Position ids count from 0 in every document.
     """
     source = iter(token_docs)
-    pending: list[Row] = []
+    pending: list[Doc] = []
     while True:
         while len(pending) < lookahead:
             pending.append(next(source))
         ids: list[int] = []
         labels: list[int] = []
+        positions: list[int] = []
         kept = []
         for doc_ids, doc_labels in pending:
             if len(ids) + len(doc_ids) <= row_tokens:
                 ids.extend(doc_ids)
                 labels.extend(doc_labels)
+                positions.extend(range(len(doc_ids)))
             else:
                 kept.append((doc_ids, doc_labels))
         pending = kept
-        yield ids, labels
+        yield ids, labels, positions
 
 
-def batch_tensors(rows: list[Row], row_tokens: int, pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """(input_ids, labels), both (rows, row_tokens) int64, right-padded; labels are -100 on the padding."""
+def batch_tensors(rows: list[Row], row_tokens: int, pad_id: int) -> dict[str, torch.Tensor]:
+    """Model inputs {input_ids, labels, position_ids}, each (rows, row_tokens) int64, right-padded.
+
+    Padding has label -100 and positions continuing the row's last document (it
+    comes after every real token, so the causal mask keeps it unseen).  With
+    `use_cache=False` and no attention mask, transformers reads the restarting
+    position ids as packed sequences and masks attention between documents.
+    """
     input_ids = torch.full((len(rows), row_tokens), pad_id, dtype=torch.long)
     labels = torch.full((len(rows), row_tokens), -100, dtype=torch.long)
-    for i, (ids, row_labels) in enumerate(rows):
-        input_ids[i, : len(ids)] = torch.tensor(ids)
-        labels[i, : len(ids)] = torch.tensor(row_labels)
-    return input_ids, labels
+    position_ids = torch.zeros((len(rows), row_tokens), dtype=torch.long)
+    for i, (ids, row_labels, positions) in enumerate(rows):
+        n = len(ids)
+        input_ids[i, :n] = torch.tensor(ids)
+        labels[i, :n] = torch.tensor(row_labels)
+        position_ids[i, :n] = torch.tensor(positions)
+        last = positions[-1] if positions else -1
+        position_ids[i, n:] = torch.arange(last + 1, last + 1 + row_tokens - n)
+    return {"input_ids": input_ids, "labels": labels, "position_ids": position_ids, "use_cache": False}
 
 
 def answer_probe(tokenizer, documents: list[corpus_mod.Document]) -> tuple[torch.Tensor, torch.Tensor]:
@@ -180,12 +195,12 @@ def answer_accuracy(model, input_ids: torch.Tensor, answer_mask: torch.Tensor) -
 
 
 @torch.no_grad()
-def heldout_loss(model, batches: list[tuple[torch.Tensor, torch.Tensor]]) -> float:
-    """Mean next-token cross-entropy over every real token of the held-out batches."""
+def heldout_loss(model, batches: list[dict]) -> float:
+    """Mean next-token cross-entropy over every trained token of the held-out batches."""
     total, count = 0.0, 0
-    for input_ids, labels in batches:
-        n = int((labels[:, 1:] != -100).sum())
-        total += float(model(input_ids=input_ids, labels=labels).loss) * n
+    for batch in batches:
+        n = int((batch["labels"][:, 1:] != -100).sum())
+        total += float(model(**batch).loss) * n
         count += n
     return total / count
 
@@ -227,10 +242,10 @@ def pretrain(cfg: PretrainConfig = PretrainConfig(), out_dir: str | Path = TINY_
         bar = tqdm(range(cfg.steps), desc="pretrain tiny", disable=not progress, mininterval=5)
         for step in bar:
             # Stage 3: one update on the next rows_per_step packed rows.
-            input_ids, labels = batch_tensors([next(rows) for _ in range(cfg.rows_per_step)], cfg.row_tokens, pad_id)
+            batch = batch_tensors([next(rows) for _ in range(cfg.rows_per_step)], cfg.row_tokens, pad_id)
             for group in optimizer.param_groups:
                 group["lr"] = lr_at(step, cfg)
-            loss = model(input_ids=input_ids, labels=labels).loss
+            loss = model(**batch).loss
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
             grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)

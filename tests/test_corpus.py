@@ -101,8 +101,8 @@ def test_pack_rows_first_fit_keeps_documents_whole():
     lengths = [4, 7, 3, 5, 2, 6] + [10] * 10
     docs = [([n] * n, [-n] * n) for n in lengths]  # labels differ from ids to see them travel together
     rows = pretrain.pack_rows(docs, row_tokens=10, lookahead=4)
-    # Row 1 looks at docs 4, 7, 3, 5: takes 4, skips 7, takes 3, skips 5.
-    assert next(rows) == ([4] * 4 + [3] * 3, [-4] * 4 + [-3] * 3)
+    # Row 1 looks at docs 4, 7, 3, 5: takes 4, skips 7, takes 3, skips 5.  Positions restart per document.
+    assert next(rows) == ([4] * 4 + [3] * 3, [-4] * 4 + [-3] * 3, [0, 1, 2, 3, 0, 1, 2])
     # Row 2 looks at 7, 5 and the next two, 2, 6: takes 7, skips 5, takes 2, skips 6.
     assert next(rows)[0] == [7] * 7 + [2] * 2
     assert next(rows)[0] == [5] * 5
@@ -110,9 +110,23 @@ def test_pack_rows_first_fit_keeps_documents_whole():
 
 
 def test_batch_tensors_masks_only_the_padding():
-    input_ids, labels = pretrain.batch_tensors([([5, 6, 7], [5, -100, 7]), ([8], [8])], row_tokens=4, pad_id=0)
-    assert input_ids.tolist() == [[5, 6, 7, 0], [8, 0, 0, 0]]
-    assert labels.tolist() == [[5, -100, 7, -100], [8, -100, -100, -100]]
+    rows = [([5, 6, 7], [5, -100, 7], [0, 0, 1]), ([8], [8], [0])]
+    batch = pretrain.batch_tensors(rows, row_tokens=4, pad_id=0)
+    assert batch["input_ids"].tolist() == [[5, 6, 7, 0], [8, 0, 0, 0]]
+    assert batch["labels"].tolist() == [[5, -100, 7, -100], [8, -100, -100, -100]]
+    assert batch["position_ids"].tolist() == [[0, 0, 1, 2], [0, 1, 2, 3]]
+
+
+def test_packed_documents_do_not_see_each_other():
+    model = new_tiny_model(seed=0)
+    first, second = [5, 6, 7], [8, 9]
+    (row,) = [next(pretrain.pack_rows([(first, first), (second, second)] * 4, row_tokens=6, lookahead=2))]
+    batch = pretrain.batch_tensors([row], row_tokens=6, pad_id=0)
+    batch.pop("labels")
+    with torch.no_grad():
+        packed = model(**batch).logits[0]
+        alone = model(input_ids=torch.tensor([second])).logits[0]
+    torch.testing.assert_close(packed[3:5], alone, atol=1e-5, rtol=0)
 
 
 def test_no_loss_on_the_digits_of_drawn_operands():

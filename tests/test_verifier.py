@@ -206,7 +206,7 @@ def test_tokenization_validity_must_be_a_bool(tokenization_valid):
     "problem, message",
     [
         ({"initial": 1, "deliveries": [27, 43]}, "lacks the field"),
-        ({"initial": 1, "deliveries": 5, "withdrawals": [1, 1]}, "malformed problem"),
+        ({"initial": 1, "deliveries": 5, "withdrawals": [1, 1]}, "must be a list of 2 integers"),
         ({"initial": 1, "deliveries": [27, 43, 1], "withdrawals": [18, 10]}, "exactly 2 deliveries"),
         ({"initial": 1, "deliveries": [27, 43], "withdrawals": [18, 100]}, "non-negative"),
         ({"initial": 101, "deliveries": [0, 0], "withdrawals": [0, 0]}, "0..100"),
