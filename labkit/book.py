@@ -1,4 +1,4 @@
-"""Checks on the built HTML book: it must work with no network.
+"""The book's tools: the offline check of the built HTML, and the generated results page.
 
 `find_external_assets(html_dir)` lists every script, style sheet, font, image
 or frame that a built page or style sheet would fetch from another host (a CDN,
@@ -6,6 +6,9 @@ Google Fonts, ...).  Links a reader may click (`<a href="https://...">`, the
 Colab and Binder launch buttons) are not assets and are allowed.
 
 Run after `jupyter-book build`:  python -m labkit.book check-offline _build/html
+
+`python -m labkit.book results [--run runs/qwen]` writes `book/results.md` from a
+run's files (labkit.results_page); `--check` says whether the page is current.
 """
 
 from __future__ import annotations
@@ -115,7 +118,25 @@ def main(argv: list[str] | None = None) -> int:
     sub = parser.add_subparsers(dest="command", required=True)
     p = sub.add_parser("check-offline", help="fail if a built page or style sheet fetches from another host")
     p.add_argument("html_dir", nargs="?", default="_build/html")
+    p = sub.add_parser("results", help="write book/results.md from a run's results files (default: the tiny cache)")
+    p.add_argument("--run", default=None, help="run folder holding evaluation/results.json (default: runs/tiny)")
+    p.add_argument("--out", default=None, help="page to write (default: book/results.md)")
+    p.add_argument("--check", action="store_true", help="only check that the page is what the run gives now")
     args = parser.parse_args(argv)
+
+    if args.command == "results":
+        from . import results_page
+
+        run = args.run or results_page.DEFAULT_RUN
+        out = args.out or results_page.DEFAULT_OUT
+        if args.check:
+            if results_page.is_current(run, out):
+                print(f"{out} is current with {run}")
+                return 0
+            print(f"{out} is out of date with {run}: run `python -m labkit.book results`", file=sys.stderr)
+            return 1
+        print(f"wrote {results_page.write(run, out)}")
+        return 0
 
     found = find_external_assets(args.html_dir)
     pages = len(book_pages(args.html_dir))

@@ -179,7 +179,7 @@ def _missing_qwen_message(tried: list[tuple[str, Path, list[str]]]) -> str:
     example = os.environ.get(QWEN_DIR_ENV) or "models/qwen2.5-0.5b-instruct"
     lines += [
         f"download the files {', '.join(QWEN_FILES)} with",
-        f"  huggingface-cli download {QWEN_REPO_ID} --revision {QWEN_REVISION} --local-dir {example}",
+        f"  hf download {QWEN_REPO_ID} --revision {QWEN_REVISION} --local-dir {example}",
         f"then pass that folder (load('qwen', path=...)) or set {QWEN_DIR_ENV}={example};",
         f"a copy in the Hugging Face cache ({_hf_cache_snapshot()}) is found without either.",
     ]

@@ -8,7 +8,7 @@ loopback address is blocked and counted as a failure.  For every page it checks:
 - no console error and no uncaught exception;
 - every formula typeset: each Sphinx `.math` element holds a MathJax `mjx-container`, and no
   MathJax error (`mjx-merror`) appears;
-- every image loaded (`naturalWidth > 0`);
+- every image loaded (`naturalWidth > 0`), and every figure (a notebook output image) has alt text;
 - every internal link resolves to an existing file, and its `#anchor`, if any, to an element
   with that id (or name) on the target page.
 
@@ -86,7 +86,9 @@ async (mathjaxTimeoutMs) => {
     untypeset: mathElements.filter((el) => !el.querySelector("mjx-container"))
                            .slice(0, 3).map((el) => el.textContent.slice(0, 60)),
     mathErrors: Array.from(document.querySelectorAll("mjx-merror")).map((el) => el.textContent.slice(0, 60)),
-    images: images.map((img) => ({src: img.currentSrc || img.src, ok: img.complete && img.naturalWidth > 0})),
+    images: images.map((img) => ({src: img.currentSrc || img.src, ok: img.complete && img.naturalWidth > 0,
+                                  figure: !!img.closest(".cell_output, figure"),
+                                  alt: (img.getAttribute("alt") || "").trim()})),
     links: Array.from(document.querySelectorAll("a[href]")).map((a) => a.href),
     anchors: Array.from(document.querySelectorAll("[id], a[name]")).map((el) => el.id || el.getAttribute("name")),
   };
@@ -254,6 +256,9 @@ def check_book(html_dir: Path, screenshots: Path) -> int:
                 for image in report["images"]:
                     if not image["ok"]:
                         failures.append(f"{name}: image not loaded: {image['src']}")
+                    if image["figure"] and not image["alt"]:
+                        failures.append(f"{name}: figure without alt text: {image['src']} (set the cell's "
+                                        "metadata mystnb.image.alt)")
                 links[name] = report["links"]
                 anchors[name] = set(report["anchors"])
                 external_links.update(h for h in report["links"]

@@ -87,7 +87,7 @@ def test_a_missing_folder_says_what_to_download_and_where(tmp_path, monkeypatch)
         models.load("qwen", path=tmp_path / "nowhere")
     message = str(err.value)
     for needed in ("Qwen/Qwen2.5-0.5B-Instruct", "7ae557604adf67be50417f59c2c2f167def9a775", "LABKIT_QWEN_DIR",
-                   "huggingface-cli download Qwen/Qwen2.5-0.5B-Instruct --revision "
+                   "hf download Qwen/Qwen2.5-0.5B-Instruct --revision "
                    "7ae557604adf67be50417f59c2c2f167def9a775 --local-dir", str(tmp_path / "nowhere"),
                    *models.QWEN_FILES):
         assert needed in message, needed

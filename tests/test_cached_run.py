@@ -1,0 +1,96 @@
+"""The committed tiny run (the cache the notebooks and CI read) is complete, fresh and consistent.
+
+These tests read `runs/tiny/` as committed.  They fail when the code, data or
+config that made a step changed since it was built (rebuild with `make cache`),
+when a count of the protocol is not what the files hold, or when a derived file
+(results.json, book/results.md) no longer reproduces from the raw files.
+"""
+
+from __future__ import annotations
+
+import subprocess
+
+import pytest
+
+from labkit import cache, evaluate, results_page
+from labkit.grpo import read_rollouts
+from labkit.runs import REPO_ROOT, is_finished, read_json
+
+RUN = REPO_ROOT / "runs" / "tiny"
+pytestmark = pytest.mark.skipif(not (RUN / "evaluation" / "results.json").is_file(),
+                                reason="the cached tiny run is not built (python -m labkit all --preset tiny)")
+
+
+def test_every_cached_step_is_fresh_against_the_code_data_and_config_that_made_it():
+    verdicts = cache.check("tiny")
+    assert verdicts, "no cache steps"
+    stale = {name: v for name, v in verdicts.items() if v["status"] != "fresh"}
+    assert not stale, "stale cache; rebuild with `make cache`:\n" + cache.format_check(stale)
+
+
+def test_results_json_recomputes_byte_for_byte_from_the_raw_predictions():
+    assert evaluate.check_results("tiny")
+    assert evaluate.stale_evaluations("tiny") == []
+
+
+def test_the_results_page_is_generated_from_the_committed_run():
+    assert results_page.is_current(), "book/results.md is out of date: run `python -m labkit.book results`"
+
+
+def test_the_main_grpo_run_has_1600_rollouts_and_200_updates_none_optimised_twice():
+    rollouts = read_rollouts(RUN / "grpo")
+    assert len(rollouts) == 1600
+    assert len({r["rollout_id"] for r in rollouts}) == 1600
+    history = read_json(RUN / "grpo" / "history.json")
+    assert len(history) == 100
+    assert sum(len(h["updates"]) for h in history) == 200
+    assert [h["iteration"] for h in history] == list(range(1, 101))
+    for h in history:  # the pre-update check held at every iteration
+        assert h["logprob_check/max_abs_diff"] <= 2e-4
+    columns = {"rollout_id", "iteration", "problem_id", "response_ids", "text", "finish_reason",
+               "tokenization_valid", "old_logprobs", "reward", "advantage"}
+    assert columns <= set(rollouts[0])
+
+
+@pytest.mark.parametrize("report", ["warm_start/resume_report.json", "sft/resume_report.json",
+                                    "grpo/resume_report.json", "grpo_g2/resume_report.json",
+                                    "grpo_g8/resume_report.json"])
+def test_every_resume_report_says_equal(report):
+    data = read_json(RUN / report)
+    assert data["equal"] is True, {k: v for k, v in data.items() if k != "equal"}
+
+
+def test_the_evaluation_holds_1000_responses_per_policy():
+    results = read_json(RUN / "evaluation" / "results.json")
+    assert set(results["policy_order"]) >= {"warm_start", "sft", "grpo"}
+    for policy in results["policy_order"]:
+        entry = results["policies"][policy]
+        assert entry["complete"] is True
+        assert entry["greedy"]["ALL"]["responses"] == 200
+        assert entry["sample"]["ALL"]["responses"] == 800
+        assert entry["greedy"]["ID50"]["responses"] == entry["greedy"]["OOD100"]["responses"] == 100
+
+
+def test_the_group_size_exercise_left_the_main_run_unchanged():
+    assert is_finished(RUN / "group_size")
+    protection = read_json(RUN / "group_size" / "protection.json")
+    assert protection["unchanged"] is True
+    assert protection["files"] and all(f["unchanged"] for f in protection["files"])
+    g2 = read_rollouts(RUN / "grpo_g2")
+    g8 = read_rollouts(RUN / "grpo_g8")
+    assert (len(g2), len(g8)) == (160, 640)
+
+
+def test_the_base_was_pretrained_on_a_corpus_free_of_dataset_problems():
+    manifest = read_json(RUN / "base" / "manifest.json")
+    assert manifest["corpus"]["dataset_problems_found"] == 0
+    assert manifest["corpus"]["problems_checked"] > 0
+
+
+def test_the_committed_cache_stays_under_30_mb():
+    files = subprocess.run(["git", "ls-files", "runs/tiny"], cwd=REPO_ROOT, capture_output=True, text=True,
+                           check=True).stdout.split()
+    if not files:
+        pytest.skip("not a git checkout with the cache committed")
+    size = sum((REPO_ROOT / f).stat().st_size for f in files if (REPO_ROOT / f).is_file())
+    assert size < 30 * 2**20, f"committed cache is {size / 2**20:.1f} MB"
