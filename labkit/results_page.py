@@ -80,7 +80,11 @@ def _training_rows(run: Path) -> list[str]:
         nll = [round(e["nll"], 4) for e in m.get("validation_nll", [])]
         acc = f"greedy validation accuracy {_pct(greedy['accuracy'])} ({greedy['correct']}/{greedy['problems']})" \
             if greedy else "no greedy validation recorded"
-        lines.append(f"- **{branch}**: {m['counts']['updates']} updates; validation NLL before training and after each epoch {nll}; {acc}.")
+        start = m.get("start_validation_greedy")
+        before = (f" It started from a model with greedy validation accuracy {_pct(start['accuracy'])} and valid "
+                  f"JSON in {_pct(start['json_valid'])} of its responses.") if start else ""
+        lines.append(f"- **{branch}**: {m['counts']['updates']} updates; validation NLL before training and after "
+                     f"each epoch {nll}; {acc}.{before}")
     history = run / "grpo" / "history.json"
     if history.is_file():
         h = read_json(history)

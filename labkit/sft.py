@@ -362,8 +362,9 @@ def run_branch(
     resume_from        a state file of the same run (same identity) to continue from
                        with a fresh model object, optimizer and generator
     validation_limit   score only the first N validation problems (tests)
-    greedy_eval        measure the final model's greedy validation accuracy (the
-                       resume check's second run skips it: it is not compared)
+    greedy_eval        measure the greedy validation accuracy of the starting model (full
+                       runs only) and of the final model (the resume check's second run
+                       skips it: it is not compared)
     """
     from . import models
 
@@ -398,6 +399,13 @@ def run_branch(
     examples = branch_examples(train, branch, config)
     validation = load_split_examples(tokenizer, "validation")[: validation_limit or None]
     identity = _identity(config, plan, examples, validation, initial_digest, pad_id, device)
+    start_greedy, start_greedy_seconds = None, None
+    if greedy_eval and resume_from is None and stop_after_epochs is None:
+        # What the branch starts from (for the warm start: the base, before it has seen the
+        # answer format).  Reported beside the end; it chooses nothing.  No RNG is drawn.
+        t0 = time.perf_counter()
+        start_greedy = greedy_validation(model, tokenizer, validation)
+        start_greedy_seconds = time.perf_counter() - t0
 
     # Stage 2: optimizer and data-order generator; fresh or restored from a state
     parameters = [p for p in model.parameters() if p.requires_grad]
@@ -487,10 +495,12 @@ def run_branch(
         "code_sha256": code_digests(),
         "environment": environment(device),
         "eval_mode": True,
+        "start_validation_greedy": start_greedy,
         "validation_nll": progress_state["validation"],
         "validation_used_for_selection": False,
         "counts": _counts(history, examples, validation, progress_state),
-        "times": {"load_seconds": load_seconds, "epochs": epoch_times},
+        "times": {"load_seconds": load_seconds, "start_greedy_validation_seconds": start_greedy_seconds,
+                  "epochs": epoch_times},
         "files": {"states": state_files},
     }
     write_json(run_dir / "history.json", {"updates": history, "validation": progress_state["validation"]})
