@@ -295,12 +295,33 @@ def unique_state(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     return out
 
 
+def canonical_safetensors(data: bytes) -> bytes:
+    """The same safetensors file with its JSON header written in sorted key order.
+
+    The safetensors library builds the header from a hash map, so the order of the
+    metadata keys can change from one process to the next: the same tensors gave
+    files with different SHA-256 (a resume check compares those hashes).  Offsets
+    into the data section are explicit, so re-ordering the header changes nothing
+    else; the header is padded with spaces to a multiple of 8 bytes, as the format asks.
+    """
+    import json
+
+    n = int.from_bytes(data[:8], "little")
+    header = json.loads(data[8 : 8 + n])
+    text = json.dumps(header, sort_keys=True, separators=(",", ":")).encode("utf-8")
+    text += b" " * (-len(text) % 8)
+    return len(text).to_bytes(8, "little") + text + data[8 + n :]
+
+
 def save_model(model: torch.nn.Module, path: str | os.PathLike) -> Path:
-    """Write the model's unique tensors to a safetensors file, atomically (temp file + rename)."""
+    """Write the model's unique tensors to a safetensors file, atomically (temp file + rename).
+
+    The bytes depend only on the tensors: equal models give files with equal SHA-256.
+    """
     from safetensors.torch import save
 
     data = save(unique_state(model), metadata={"format": "pt", "labkit_parameter_digest": parameter_digest(model)})
-    return atomic_write_bytes(path, data)
+    return atomic_write_bytes(path, canonical_safetensors(data))
 
 
 def load_state_into(model: torch.nn.Module, path: str | os.PathLike) -> torch.nn.Module:
