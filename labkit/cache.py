@@ -37,18 +37,29 @@ class Step:
     folder: str
     code: tuple[str, ...]
     upstream: tuple[str, ...] = ()  # files of earlier steps, relative to runs/<preset>/
+    done_file: str | None = None  # the file that says the step is built (default: the folder's FINISHED marker)
+    outputs: tuple[str, ...] = ()  # other files or folders of runs/<preset>/ the step writes (rebuilt with it)
+    then: tuple[str, ...] = ()  # later steps that write into this step's output, so are rebuilt with it
+
+    def is_built(self, preset: str) -> bool:
+        folder = runs_dir(preset) / self.folder
+        return (folder / self.done_file).is_file() if self.done_file else is_finished(folder)
 
 
 STEPS = (
     Step("base", "base", ("labkit/task.py", "labkit/corpus.py", "labkit/pretrain.py", "labkit/assets/tiny/tokenizer.json")),
-    Step("warm_start", "warm_start", (*LEARNING_CODE, "labkit/sft.py", *DATA_FILES), ("base/model.safetensors",)),
+    Step("warm_start", "warm_start", (*LEARNING_CODE, "labkit/sft.py", *DATA_FILES), ("base/model.safetensors",),
+         outputs=("sampler_agreement.json",)),  # the samplers are compared on the warm start
     Step("sft", "sft", (*LEARNING_CODE, "labkit/sft.py", *DATA_FILES), ("warm_start/model.safetensors",)),
     Step("grpo", "grpo", (*LEARNING_CODE, *ROLLOUT_CODE, *DATA_FILES), ("warm_start/model.safetensors",)),
     Step("evaluation", "evaluation", ("labkit/evaluate.py", "labkit/sampling.py", "labkit/verifier.py",
                                       "labkit/scoring.py", "labkit/models.py", *DATA_FILES),
-         ("warm_start/model.safetensors", "sft/model.safetensors", "grpo/model.safetensors")),
+         ("warm_start/model.safetensors", "sft/model.safetensors", "grpo/model.safetensors"),
+         done_file="results.json",  # one FINISHED per policy; results.json is written when all are
+         then=("group_size",)),  # the exercise adds its two branches' evaluations here
     Step("group_size", "group_size", (*LEARNING_CODE, *ROLLOUT_CODE, "labkit/group_size.py", "labkit/evaluate.py",
-                                      *DATA_FILES), ("warm_start/model.safetensors",)),
+                                      *DATA_FILES), ("warm_start/model.safetensors",),
+         outputs=("grpo_g2", "grpo_g8")),
 )
 STEP_NAMES = tuple(s.name for s in STEPS)
 
@@ -93,8 +104,7 @@ def check(preset: str = "tiny", steps: tuple[str, ...] = STEP_NAMES) -> dict[str
     verdicts = {}
     for name in steps:
         step = get_step(name)
-        folder = runs_dir(preset) / step.folder
-        if not is_finished(folder):
+        if not step.is_built(preset):
             verdicts[name] = {"status": "missing", "changed": []}
             continue
         if name not in cache:
@@ -104,6 +114,27 @@ def check(preset: str = "tiny", steps: tuple[str, ...] = STEP_NAMES) -> dict[str
         changed = sorted(k for k in set(now) | set(cache[name]) if now.get(k) != cache[name].get(k))
         verdicts[name] = {"status": "stale" if changed else "fresh", "changed": changed}
     return verdicts
+
+
+def to_rebuild(verdicts: dict[str, dict]) -> list[str]:
+    """The stale steps and every step downstream of one (its upstream files or `then`), in STEPS order.
+
+    A rebuilt step changes its output files, so whatever was built from them is stale
+    too, even if its own check still says fresh.
+    """
+    chosen = {name for name, v in verdicts.items() if v["status"] == "stale"}
+    grew = True
+    while grew:
+        grew = False
+        folders = {get_step(n).folder for n in chosen}
+        for step in STEPS:
+            if step.name in chosen:
+                continue
+            upstream_rebuilt = any(rel.split("/")[0] in folders for rel in step.upstream)
+            if upstream_rebuilt or any(step.name in get_step(n).then for n in chosen):
+                chosen.add(step.name)
+                grew = True
+    return [s.name for s in STEPS if s.name in chosen]
 
 
 def format_check(verdicts: dict[str, dict]) -> str:

@@ -80,13 +80,19 @@ def run_all(preset: str, *, device: str | None = None, threads: int | None = Non
     times_path = root / "protocol_times.json"
     times = read_json(times_path) if times_path.exists() else {}
     if rebuild_stale and preset == "tiny":
-        for name, verdict in cache.check(preset).items():
-            if verdict["status"] == "stale":
-                folder = root / cache.get_step(name).folder
-                aside = root / "stale" / f"{folder.name}-{time.strftime('%Y%m%d-%H%M%S')}"
+        verdicts = cache.check(preset)
+        stamp = time.strftime('%Y%m%d-%H%M%S')
+        for name in cache.to_rebuild(verdicts):
+            step = cache.get_step(name)
+            why = ", ".join(verdicts[name]["changed"][:4]) or "built from a stale step"
+            for rel in (step.folder, *step.outputs):
+                path = root / rel
+                if not path.exists():
+                    continue
+                aside = root / "stale" / stamp / rel
                 aside.parent.mkdir(parents=True, exist_ok=True)
-                print(f"{name} is stale ({', '.join(verdict['changed'][:4])}); moving it to {aside}", flush=True)
-                shutil.move(str(folder), aside)
+                print(f"{name} is stale ({why}); moving {rel} to {aside}", flush=True)
+                shutil.move(str(path), aside)
     report = {}
     for step, args in _commands(preset, device, threads):
         if only and step not in only:
