@@ -65,8 +65,10 @@ test: $(STAMP)  ## unit tests, nbval over every notebook, a book build and its b
 	$(MAKE) book
 	$(MAKE) browser-check
 
-cache: $(STAMP)  ## rebuild the stale steps of the cached tiny run (python -m labkit cache check says which)
+cache: $(STAMP)  ## rebuild the stale steps of the cached tiny run, then the results page and the chapters' outputs
 	$(PY) -m labkit all --preset tiny --rebuild-stale --threads 1
+	$(PY) -m labkit.book results
+	$(PY) -m labkit.book execute
 
 data: $(STAMP)  ## regenerate StockArithmetic-v1 from its seed
 	$(PY) -m labkit data

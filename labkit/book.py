@@ -7,7 +7,8 @@ Colab and Binder launch buttons) are not assets and are allowed.
 
 Run after `jupyter-book build`:  python -m labkit.book check-offline _build/html
 
-`python -m labkit.book results [--run runs/qwen]` writes `book/results.md` from a
+`python -m labkit.book execute` re-runs every chapter and stores its outputs (after
+`make cache`); `python -m labkit.book results [--run runs/qwen]` writes `book/results.md` from a
 run's files (labkit.results_page); `--check` says whether the page is current.
 """
 
@@ -113,6 +114,34 @@ def book_pages(html_dir: str | Path) -> list[str]:
                   if p.relative_to(root).parts[0] not in ("_static", "_sources", "_images"))
 
 
+REPO_ROOT = Path(__file__).resolve().parent.parent
+
+
+def execute_notebook(path: str | Path, timeout: int = 600) -> float:
+    """Run a notebook top to bottom in a fresh kernel (cwd: its folder) and store its outputs; returns seconds.
+
+    Execution timestamps are not stored, so a re-run changes a notebook only where
+    its outputs changed.  A cell that raises stops the run and nothing is written.
+    """
+    import time
+
+    import nbformat
+    from nbclient import NotebookClient
+
+    path = Path(path)
+    nb = nbformat.read(path, as_version=4)
+    started = time.perf_counter()
+    NotebookClient(nb, timeout=timeout, kernel_name="python3", record_timing=False,
+                   resources={"metadata": {"path": str(path.parent)}}).execute()
+    for cell in nb.cells:
+        cell.metadata.pop("execution", None)
+    from .runs import atomic_write_text
+
+    text = nbformat.writes(nb)
+    atomic_write_text(path, text if text.endswith("\n") else text + "\n")
+    return time.perf_counter() - started
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m labkit.book", description=__doc__.split("\n\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
@@ -122,8 +151,15 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--run", default=None, help="run folder holding evaluation/results.json (default: runs/tiny)")
     p.add_argument("--out", default=None, help="page to write (default: book/results.md)")
     p.add_argument("--check", action="store_true", help="only check that the page is what the run gives now")
+    p = sub.add_parser("execute", help="re-execute chapter notebooks in place and store their outputs "
+                                       "(after the cache changed)")
+    p.add_argument("notebooks", nargs="*", type=Path, help="notebooks (default: every notebooks/*.ipynb)")
     args = parser.parse_args(argv)
 
+    if args.command == "execute":
+        for path in args.notebooks or sorted((REPO_ROOT / "notebooks").glob("[0-9]*.ipynb")):
+            print(f"executed {path} in {execute_notebook(path):.1f} s", flush=True)
+        return 0
     if args.command == "results":
         from . import results_page
 

@@ -355,3 +355,127 @@ def plot_zero_signal_curve(p: float, points: list[dict], max_group_size: int = 1
     ax.legend(fontsize=7)
     fig.tight_layout()
     return fig
+
+
+# ---------------------------------------------------------------- chapter 6
+
+
+def _rolling_mean(values: list[float], window: int) -> list[float]:
+    """Trailing mean over the last `window` values (fewer at the start)."""
+    out, total = [], 0.0
+    for i, v in enumerate(values):
+        total += v
+        if i >= window:
+            total -= values[i - window]
+        out.append(total / min(i + 1, window))
+    return out
+
+
+GRPO_CURVES = (
+    # (history key, panel title, y label)
+    ("reward", "mean reward of the iteration's rollouts", "reward"),
+    ("frac_reward_zero_std", "frac_reward_zero_std (groups with no signal)", "fraction of groups"),
+    ("kl", "exact prefix KL to the reference (2nd update)", "nats per token"),
+    ("clip_ratio/region_mean", "clip fraction (2nd update)", "fraction of tokens"),
+    ("entropy", "mean token entropy (2nd update)", "nats"),
+    ("completions/mean_length", "mean response length", "tokens"),
+)
+
+
+def plot_grpo_curves(history: list[dict], window: int = 10, keys=GRPO_CURVES):
+    """Six per-iteration curves of a GRPO run, each with a trailing mean (chapter 6).
+
+    history: the run's history.json, one dict per iteration with "iteration" and the
+    keys of `keys` (by default reward, frac_reward_zero_std, kl, clip_ratio/region_mean,
+    entropy, completions/mean_length; the KL, clip fraction and entropy are those the
+    loop logs, from the iteration's last update).  Thin line: the value of each
+    iteration; thick line: the mean of the last `window` iterations.
+    """
+    if not history:
+        raise ValueError("history is empty: no iteration to plot")
+    missing = sorted({k for k, _, _ in keys} - set(history[0]))
+    if missing:
+        raise ValueError(f"history entries lack {missing}; expected a GRPO history.json")
+    xs = [h["iteration"] for h in history]
+    rows = (len(keys) + 1) // 2
+    fig, axes = plt.subplots(rows, 2, figsize=(9, 2.3 * rows), sharex=True, squeeze=False)
+    for ax, (key, title, ylabel) in zip(axes.flat, keys):
+        values = [float(h[key]) for h in history]
+        ax.plot(xs, values, color="tab:blue", linewidth=0.7, alpha=0.5, label="per iteration")
+        ax.plot(xs, _rolling_mean(values, window), color="tab:blue", linewidth=2.0,
+                label=f"mean of last {window}")
+        if ylabel.startswith("fraction"):  # a fraction: show it from 0, even when it never leaves 0
+            ax.set_ylim(-0.02, max(0.05, 1.05 * max(values)))
+        ax.set_title(title, fontsize=9, loc="left")
+        ax.set_ylabel(ylabel, fontsize=8)
+        ax.tick_params(labelsize=8)
+    for ax in axes.flat[len(keys):]:
+        ax.set_visible(False)
+    for ax in axes[-1]:
+        ax.set_xlabel("iteration")
+    axes.flat[0].legend(fontsize=7)
+    fig.tight_layout()
+    return fig
+
+
+# ---------------------------------------------------------------- chapter 2 (appended)
+
+
+def plot_logprob_check(diffs: dict, tol: float = 2e-4, floor: float = 1e-9, starts: list[int] | None = None):
+    """|re-scored - recorded| log-prob of every generated token, one series per condition (chapter 2).
+
+    diffs: {label: list of per-token absolute differences}, e.g. eval mode and train
+    mode, each over the same tokens in the same order.  Drawn on a log scale with the
+    tolerance `tol` as a dashed line; an exact match (0) is drawn at `floor`.
+    starts: optional 1-based token positions where a new rollout begins (thin vertical lines).
+    """
+    styles = [("tab:blue", "o"), ("tab:red", "x"), ("tab:green", "s"), ("tab:purple", "^")]
+    fig, ax = plt.subplots(figsize=(7, 3.4))
+    for start in (starts or [])[1:]:
+        ax.axvline(start - 0.5, color="grey", linewidth=0.5)
+    for (label, values), (color, marker) in zip(diffs.items(), styles):
+        shown = [max(float(v), floor) for v in values]
+        ax.scatter(range(1, len(shown) + 1), shown, s=14, color=color, marker=marker, label=label)
+    ax.axhline(tol, color="black", linestyle="--", linewidth=0.8, label=f"tolerance {tol:g}")
+    ax.set_yscale("log")
+    ax.set_ylim(floor / 2, 10.0)
+    ax.set_xlabel("generated token (the group's rollouts one after another)")
+    ax.set_ylabel(f"|re-scored - recorded|\n(0 drawn at {floor:g})", fontsize=8)
+    ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.22), ncol=len(diffs) + 1, frameon=False)
+    fig.tight_layout()
+    return fig
+
+
+# ---------------------------------------------------------------- chapter 4 (appended)
+
+
+def plot_ratio_history(history: list[dict], clip_eps: float = 0.2, tol: float = 2e-4):
+    """The largest |rho - 1| over the batch in each update of a GRPO run, per iteration (chapter 4).
+
+    history: the run's history.json; each entry's "updates" holds one dict per update
+    with "ratio/min" and "ratio/max".  One series per update index (the first update
+    sees the policy that sampled, so rho differs from 1 only by rounding; the second
+    sees one real update), on a log scale, with the clip edge `clip_eps` (dotted) and
+    the recorded-log-prob tolerance `tol` (dashed).
+    """
+    if not history:
+        raise ValueError("history is empty: no iteration to plot")
+    xs = [h["iteration"] for h in history]
+    names = ["first update (policy = old)", "second update (one update after sampling)"]
+    fig, ax = plt.subplots(figsize=(7, 3.5))
+    for u in range(max(len(h["updates"]) for h in history)):
+        points = [(x, max(h["updates"][u]["ratio/max"] - 1.0, 1.0 - h["updates"][u]["ratio/min"]))
+                  for x, h in zip(xs, history) if len(h["updates"]) > u]
+        label = names[u] if u < len(names) else f"update {u + 1}"
+        ax.plot([p[0] for p in points], [p[1] for p in points], marker="o", markersize=3, linewidth=0.8, label=label)
+    ax.axhline(clip_eps, color="tab:red", linestyle=":", linewidth=1.0,
+               label=rf"clip edge $|\rho - 1| = \epsilon = {clip_eps:g}$")
+    ax.axhline(tol, color="grey", linestyle="--", linewidth=0.8, label=f"recorded log-prob tolerance ({tol:g})")
+    ax.set_yscale("log")
+    low, high = ax.get_ylim()
+    ax.set_ylim(low, high * 300)  # room for the legend above the data
+    ax.set_xlabel("GRPO iteration")
+    ax.set_ylabel(r"largest $|\rho - 1|$ in the batch")
+    ax.legend(fontsize=7, ncol=2, loc="upper center")
+    fig.tight_layout()
+    return fig

@@ -1,0 +1,73 @@
+"""Chapter 4's checker: it accepts a right per-token clipped objective and names the usual mistakes."""
+
+import pytest
+import torch
+
+from labkit import exercises
+
+
+def right(logp_cur, logp_old, advantages, clip_eps):
+    rho = torch.exp(logp_cur - logp_old)
+    A = advantages[:, None]
+    return torch.minimum(rho * A, torch.clamp(rho, 1 - clip_eps, 1 + clip_eps) * A)
+
+
+def unclipped(logp_cur, logp_old, advantages, clip_eps):
+    return torch.exp(logp_cur - logp_old) * advantages[:, None]
+
+
+def maximum(logp_cur, logp_old, advantages, clip_eps):
+    rho = torch.exp(logp_cur - logp_old)
+    A = advantages[:, None]
+    return torch.maximum(rho * A, torch.clamp(rho, 1 - clip_eps, 1 + clip_eps) * A)
+
+
+def detached_rho(logp_cur, logp_old, advantages, clip_eps):
+    # Right values, but rho carries no gradient: only the "* logp_cur" trick would.
+    rho = torch.exp(logp_cur - logp_old).detach()
+    A = advantages[:, None]
+    return torch.minimum(rho * A, torch.clamp(rho, 1 - clip_eps, 1 + clip_eps) * A) + 0.0 * logp_cur
+
+
+def fixed_eps(logp_cur, logp_old, advantages, clip_eps):
+    return right(logp_cur, logp_old, advantages, 0.2)
+
+
+def no_gradient(logp_cur, logp_old, advantages, clip_eps):
+    return right(logp_cur, logp_old, advantages, clip_eps).detach()
+
+
+def reduced(logp_cur, logp_old, advantages, clip_eps):
+    return right(logp_cur, logp_old, advantages, clip_eps).mean(dim=1)
+
+
+def raises(logp_cur, logp_old, advantages, clip_eps):
+    return logp_cur @ advantages  # shapes (5, 9) @ (5,) do not fit
+
+
+def test_accepts_a_right_answer(capsys):
+    assert exercises.check_ch04_clipped_objective(right) is True
+    assert "90 tokens" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("wrong, message", [
+    (unclipped, "you returned rho A"),
+    (maximum, "the minimum"),
+    (detached_rho, "did you detach rho"),
+    (fixed_eps, "clip_eps = 0.1"),
+    (no_gradient, "carries no gradient"),
+    (reduced, "one objective per token"),
+    (raises, "raised RuntimeError"),
+    ("not a function", "pass your function itself"),
+])
+def test_names_the_mistake(wrong, message):
+    with pytest.raises(exercises.ExerciseError, match=message):
+        exercises.check_ch04_clipped_objective(wrong)
+
+
+def test_a_stub_keeps_its_your_turn_error():
+    def stub(logp_cur, logp_old, advantages, clip_eps):
+        raise NotImplementedError("Your turn")
+
+    with pytest.raises(NotImplementedError, match="Your turn"):
+        exercises.check_ch04_clipped_objective(stub)
