@@ -407,3 +407,29 @@ def test_kl_benchmark_runs_small_and_blocked_needs_less_extra_memory(capsys):
     assert match, last
     if match.group(2) != "n/a":  # memory is counted, not timed: the blocked peak must be smaller
         assert float(match.group(2)) < 1.0, last
+
+
+def test_exact_kl_on_real_tiny_model_distributions():
+    # Probes from a real model: the committed tiny base against a copy moved by one SGD step on a
+    # real prompt, so the two full next-token distributions differ the way a policy update makes them.
+    from labkit import models, scoring
+    from labkit.models import TINY_BASE_STATE
+
+    if not TINY_BASE_STATE.is_file():
+        pytest.skip("the committed tiny base is not built")
+    torch.manual_seed(0)
+    model, tokenizer = models.load("tiny")
+    moved, _ = models.load("tiny")
+    ids = torch.tensor([scoring.build_prompt_ids(tokenizer, "A shop had 7 boxes. How many remain?")])
+    opt = torch.optim.SGD(moved.parameters(), lr=0.5)
+    moved(input_ids=ids, labels=ids).loss.backward()
+    opt.step()
+    with torch.no_grad():
+        cur = moved(input_ids=ids).logits[0].double()  # (T, 512), every prefix of the prompt
+        ref = model(input_ids=ids).logits[0].double()
+    expected = F.kl_div(F.log_softmax(ref, -1), F.log_softmax(cur, -1), log_target=True, reduction="none").sum(-1)
+    assert expected.min() > 1e-6  # the probes really differ
+    for block in (512, 100, 7):  # one block, and blocks that do not divide the vocabulary
+        torch.testing.assert_close(exact_prefix_kl(cur, ref, block_size=block), expected, rtol=1e-10, atol=1e-12)
+    torch.testing.assert_close(exact_prefix_kl(cur.float(), ref.float(), block_size=100), expected.float(),
+                               rtol=1e-4, atol=1e-6)
