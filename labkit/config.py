@@ -75,7 +75,12 @@ QWEN = PresetConfig(name="qwen", qwen_revision="7ae557604adf67be50417f59c2c2f167
 TINY = QWEN.with_overrides(
     name="tiny",
     qwen_revision=None,
-    sft_lr=1e-3,  # tiny: 50x the protocol's 2e-5, so 48 updates learn the JSON format
+    # tiny: 150x the protocol's 2e-5.  After 48 warm-start updates the base must not only answer
+    # greedily in the JSON format but *sample* it at temperature 1, or no GRPO group can carry a
+    # reward.  Measured on the 200 validation problems x 4 draws (never the test split), the
+    # committed base's warm start samples valid JSON 11.5% of the time at 1e-3, 89% at 2e-3,
+    # 97% at 3e-3 and 98% at 5e-3; 3e-3 is the smallest rate that makes the format reliable.
+    sft_lr=3e-3,
     grpo_lr=2e-5,  # tiny: 20x the protocol's 1e-6, so 200 updates move the policy measurably
 )
 

@@ -169,17 +169,23 @@ def render(run: str | Path = DEFAULT_RUN) -> str:
     times = run / "protocol_times.json"
     if times.is_file():
         t = read_json(times)
-        out += ["", "Wall time of each step of `python -m labkit all` on this run's machine:", "",
-                "| step | seconds |", "| --- | ---: |"]
-        out += [f"| {k} | {v:.1f} |" for k, v in t.items()]
+        order = ("base", "warm_start", "sft", "sft_resume", "grpo", "grpo_resume", "sampler_agreement",
+                 "evaluation", "group_size")
+        if "base" not in t and (run / "base" / "manifest.json").is_file():
+            t["base"] = read_json(run / "base" / "manifest.json")["wall_time_s"]  # pretrained on its own
+        out += ["", "Wall time of each step of `python -m labkit all` on this run's machine (the base's from "
+                "its own manifest):", "", "| step | seconds |", "| --- | ---: |"]
+        out += [f"| {k} | {t[k]:.1f} |" for k in sorted(t, key=lambda k: order.index(k) if k in order else 99)]
+        out.append(f"| **total** | {sum(t.values()):.1f} |")
     out += [
         "",
         "## Reference figures reported by the protocol's authors (not measured by this lab)",
         "",
         "The authors of the protocol reported these figures from their own run of Qwen2.5-0.5B-Instruct "
         "(all 200 test problems, ID50 and OOD100 together). They are **theirs**, copied from their "
-        "document for comparison; the intervals are computed here from their counts. Their GRPO did not "
-        "beat their SFT either, and the authors state that a falling loss does not prove accuracy rose.",
+        "document for comparison; the intervals are computed here from their counts. In their run GRPO "
+        "did not beat SFT on greedy pass@1 (their own counts below), and the authors state that a falling loss does not prove "
+        "accuracy rose and that results unfavourable to GRPO are reported.",
         "",
         _authors_table(),
     ]

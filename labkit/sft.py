@@ -14,7 +14,7 @@ Choices, each for a reason:
   (in eval mode, as the protocol requires for GRPO) would not be the ones SFT
   optimised, and the run would consume the global RNG.  Eval mode does not stop
   autograd, so nothing is lost but the noise.
-* **AdamW** at the preset's `sft_lr` (tiny 1e-3, qwen 2e-5) and `sft_weight_decay`,
+* **AdamW** at the preset's `sft_lr` (tiny 3e-3, qwen 2e-5) and `sft_weight_decay`,
   with the lab's one schedule (`labkit.schedule`: 10% linear warm-up, then
   linear decay to 10% of the peak) and gradient-norm clipping at `grad_clip`
   (1.0), the same safeguards GRPO uses; the norm before clipping is logged.
