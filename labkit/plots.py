@@ -312,11 +312,17 @@ def plot_pass_at_k(results: dict, population: str = "ALL"):
     """
     policies = results["policy_order"]
     fig, ax = plt.subplots(figsize=(5.5, 3.2))
-    for p in policies:
+    # Policies often share a curve exactly (equal counts); distinct markers, dashes and small
+    # sideways offsets keep every one of them visible.
+    styles = [("o", "-"), ("s", "--"), ("^", ":"), ("D", "-."), ("v", (0, (5, 1)))]
+    for i, p in enumerate(policies):
+        marker, dashes = styles[i % len(styles)]
+        shift = 0.06 * (i - (len(policies) - 1) / 2)
         curve = results["policies"][p]["sample"][population]["pass_at_k"]
-        line, = ax.plot(curve["k"], [100 * v for v in curve["values"]], marker="o", label=f"{p} pass@k")
+        line, = ax.plot([k + shift for k in curve["k"]], [100 * v for v in curve["values"]], marker=marker,
+                        linestyle=dashes, label=f"{p} pass@k")
         greedy = 100 * results["policies"][p]["greedy"][population]["success_rate"]
-        ax.scatter([0], [greedy], marker="s", color=line.get_color())
+        ax.scatter([shift], [greedy], marker=marker, color=line.get_color())
     budget = results["policies"][policies[0]]["sample"][population]["pass_at_k"]["label"]
     ax.set_xticks([0] + curve["k"], ["greedy\npass@1"] + [f"pass@{k}" for k in curve["k"]])
     ax.axvline(0.5, color="grey", linewidth=0.5)  # greedy pass@1 is one answer, not a point of the curve
