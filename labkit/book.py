@@ -20,6 +20,8 @@ import sys
 from html.parser import HTMLParser
 from pathlib import Path
 
+from .runs import REPO_ROOT, atomic_write_text
+
 # Attributes through which an element makes the browser fetch something.
 _FETCHING_ATTRS = {
     "script": ("src",),
@@ -114,9 +116,6 @@ def book_pages(html_dir: str | Path) -> list[str]:
                   if p.relative_to(root).parts[0] not in ("_static", "_sources", "_images"))
 
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
-
-
 def execute_notebook(path: str | Path, timeout: int = 600) -> float:
     """Run a notebook top to bottom in a fresh kernel (cwd: its folder) and store its outputs; returns seconds.
 
@@ -135,8 +134,6 @@ def execute_notebook(path: str | Path, timeout: int = 600) -> float:
                    resources={"metadata": {"path": str(path.parent)}}).execute()
     for cell in nb.cells:
         cell.metadata.pop("execution", None)
-    from .runs import atomic_write_text
-
     text = nbformat.writes(nb)
     atomic_write_text(path, text if text.endswith("\n") else text + "\n")
     return time.perf_counter() - started

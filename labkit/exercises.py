@@ -599,11 +599,17 @@ def _ch06_rows(groups, order="grouped"):
     return [rows[j] for j in range(width) for rows in per_group if j < len(rows)]
 
 
-def _ch06_reference(rows) -> dict:
-    """The logged metrics of one iteration, from its raw rollouts (groups = rows sharing a problem_id)."""
+def _ch06_rewards_by_problem(rows) -> dict[str, list[float]]:
+    """The iteration's groups: the rewards of the rows sharing a problem_id."""
     groups: dict[str, list[float]] = {}
     for r in rows:
         groups.setdefault(r["problem_id"], []).append(float(r["reward"]))
+    return groups
+
+
+def _ch06_reference(rows) -> dict:
+    """The logged metrics of one iteration, from its raw rollouts (groups = rows sharing a problem_id)."""
+    groups = _ch06_rewards_by_problem(rows)
     return {
         "reward": sum(float(r["reward"]) for r in rows) / len(rows),
         "frac_reward_zero_std": sum(len(set(g)) == 1 for g in groups.values()) / len(groups),
@@ -615,9 +621,7 @@ def _ch06_reference(rows) -> dict:
 def _ch06_variants(rows) -> dict:
     """The usual mistakes' answers, {(key, name): value}, to name the one a wrong answer matches."""
     n = len(rows)
-    groups: dict[str, list[float]] = {}
-    for r in rows:
-        groups.setdefault(r["problem_id"], []).append(float(r["reward"]))
+    groups = _ch06_rewards_by_problem(rows)
     G = n // len(groups)
     chunks = [[float(r["reward"]) for r in rows[i:i + G]] for i in range(0, n, G)]
     right = _ch06_reference(rows)

@@ -12,7 +12,6 @@ are shown in a separate section, marked as theirs: this lab did not measure them
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 from .evaluate import markdown_table, results_table, wilson_interval
@@ -125,7 +124,7 @@ def render(run: str | Path = DEFAULT_RUN) -> str:
         shown = run.resolve().relative_to(REPO_ROOT).as_posix()
     except ValueError:
         shown = run.as_posix()
-    policies = [p for p in results["policy_order"]]
+    policies = list(results["policy_order"])
     main = [p for p in MAIN_POLICIES if p in policies]
     out = [
         "# Results",
@@ -204,6 +203,3 @@ def is_current(run: str | Path = DEFAULT_RUN, out: str | Path = DEFAULT_OUT) -> 
     out = Path(out)
     return out.is_file() and out.read_text(encoding="utf-8") == render(run)
 
-
-if __name__ == "__main__":  # pragma: no cover
-    print(json.dumps({"current": is_current()}))
