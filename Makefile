@@ -4,10 +4,10 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: help setup book test unit notebooks data cache clean mathjax browser-check student
+.PHONY: help setup book test unit notebooks notebooks-portable data cache clean mathjax browser browser-check student student-book
 
 help:  ## list the targets
-	@grep -E '^[a-z-]+:.*## ' Makefile | sed 's/:.*## /\t/'
+	@awk -F ':.*## ' '/^[a-z-]+:.*## / { printf "%-20s %s\n", $$1, $$2 }' Makefile
 
 $(STAMP): requirements.txt pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -37,8 +37,10 @@ book: $(STAMP) $(MATHJAX_STAMP)  ## build the HTML book into _build/html, warnin
 	$(VENV)/bin/jupyter-book build . --warningiserror --nitpick --keep-going --quiet
 	$(PY) -m labkit.book check-offline _build/html
 
-# The browser check drives Debian's Chromium with Playwright (its Python package bundles the
-# driver; no browser is downloaded: it runs /usr/bin/chromium).
+# The browser check drives a headless Chromium with Playwright (its Python package bundles the
+# driver).  Which Chromium: $$LABKIT_CHROMIUM if set, else Debian's /usr/bin/chromium, else the
+# one Playwright manages (`playwright install chromium`, into ~/.cache/ms-playwright).
+# tests/find_browser.py decides and says exactly what is missing when none can be had.
 PLAYWRIGHT_VERSION := 1.65.2
 PLAYWRIGHT_STAMP := $(VENV)/.playwright-$(PLAYWRIGHT_VERSION)
 
@@ -46,9 +48,23 @@ $(PLAYWRIGHT_STAMP): $(STAMP)
 	$(PY) -m pip install --quiet playwright==$(PLAYWRIGHT_VERSION)
 	touch $@
 
-browser-check: $(PLAYWRIGHT_STAMP)  ## open every page of _build/html in headless Chromium (run `make book` first)
-	@test -x /usr/bin/chromium || { echo "installing Debian's chromium (needs root)"; apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium >/dev/null; }
+browser: $(PLAYWRIGHT_STAMP)  ## find (or install) the headless Chromium the browser check uses
+	@$(PY) tests/find_browser.py --install >/dev/null
+
+browser-check: browser  ## open every page of the instructor and student books in headless Chromium
 	$(PY) tests/browser_check.py _build/html --screenshots _build/screenshots
+	$(PY) tests/browser_check.py $(STUDENT_HTML) --screenshots _build/screenshots/student
+	$(PY) -m labkit.book check-student $(STUDENT_HTML)
+
+# The student book: the same pages built from the student copies (solutions stubbed), so it
+# holds no solution at all.  Its sources are assembled in _build/student_src.
+STUDENT_SRC := _build/student_src
+STUDENT_HTML := $(STUDENT_SRC)/_build/html
+
+student-book: $(STAMP) $(MATHJAX_STAMP)  ## build the student book (no solutions) into _build/student_src/_build/html
+	$(PY) -m labkit.book student-sources $(STUDENT_SRC)
+	$(VENV)/bin/jupyter-book build $(STUDENT_SRC) --warningiserror --nitpick --keep-going --quiet
+	$(PY) -m labkit.book check-offline $(STUDENT_HTML)
 
 student: $(STAMP)  ## write the student copies of every chapter (solutions stubbed) into student/
 	$(PY) -m labkit student --out student/
@@ -59,10 +75,18 @@ unit: $(STAMP)  ## unit tests only
 notebooks: $(STAMP)  ## re-execute every chapter and compare with its stored outputs (nbval)
 	$(PY) -m pytest -q --nbval --nbval-current-env notebooks
 
-test: $(STAMP)  ## unit tests, nbval over every notebook, a book build and its browser check
+# PyTorch's portable kernels round differently from the vectorised ones a CPU picks: a stored
+# output that passes under both holds on other CPUs too.
+notebooks-portable: $(STAMP)  ## nbval again with PyTorch's portable kernels (ATEN_CPU_CAPABILITY=default)
+	ATEN_CPU_CAPABILITY=default $(PY) -m pytest -q --nbval --nbval-current-env notebooks
+
+test: $(STAMP)  ## unit tests and nbval, each under native and portable kernels, both books and their browser check
 	$(PY) -m pytest -q tests
-	$(PY) -m pytest -q --nbval --nbval-current-env notebooks
+	ATEN_CPU_CAPABILITY=default $(PY) -m pytest -q tests
+	$(MAKE) notebooks
+	$(MAKE) notebooks-portable
 	$(MAKE) book
+	$(MAKE) student-book
 	$(MAKE) browser-check
 
 cache: $(STAMP)  ## rebuild the stale steps of the cached tiny run, then the results page and the chapters' outputs

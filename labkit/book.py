@@ -7,6 +7,9 @@ Colab and Binder launch buttons) are not assets and are allowed.
 
 Run after `jupyter-book build`:  python -m labkit.book check-offline _build/html
 
+`python -m labkit.book student-sources DIR` assembles the student book's sources (the pages and
+the student copies of the chapters); `check-student HTML_DIR` fails if a solution reached it.
+
 `python -m labkit.book execute` re-runs every chapter and stores its outputs (after
 `make cache`); `python -m labkit.book results [--run runs/qwen]` writes `book/results.md` from a
 run's files (labkit.results_page); `--check` says whether the page is current.
@@ -139,6 +142,118 @@ def execute_notebook(path: str | Path, timeout: int = 600) -> float:
     return time.perf_counter() - started
 
 
+BOOK_FILES = ("_config.yml", "_toc.yml", "book")
+
+
+def write_student_sources(out_dir: str | Path) -> Path:
+    """The student book's sources in out_dir: the instructor's pages, the chapters as student copies.
+
+    out_dir is rebuilt from scratch (it is a build folder; it may not be the repository).
+    The offline MathJax is linked from the instructor's `_build/offline`.
+    """
+    import shutil
+
+    from . import student
+
+    out_dir = Path(out_dir).resolve()
+    if out_dir == REPO_ROOT or REPO_ROOT.is_relative_to(out_dir):
+        raise ValueError(f"refusing to rebuild {out_dir}: the student book's sources go in a build folder")
+    if out_dir.exists():
+        shutil.rmtree(out_dir)
+    out_dir.mkdir(parents=True)
+    for name in BOOK_FILES:
+        source = REPO_ROOT / name
+        (shutil.copytree if source.is_dir() else shutil.copy2)(source, out_dir / name)
+    config = (out_dir / "_config.yml").read_text(encoding="utf-8")
+    title = re.search(r'^title: "(.*)"$', config, re.MULTILINE)
+    if title is None:
+        raise ValueError("_config.yml has no `title: \"...\"` line to mark as the student edition")
+    config = config.replace(title.group(0), f'title: "{title.group(1)} (student edition)"')
+    atomic_write_text(out_dir / "_config.yml", config)
+    student.write_student_copies(out_dir / "notebooks")
+    (out_dir / "_build").mkdir()
+    (out_dir / "_build" / "offline").symlink_to(REPO_ROOT / "_build" / "offline", target_is_directory=True)
+    return out_dir
+
+
+class _TextCollector(HTMLParser):
+    def __init__(self) -> None:
+        super().__init__()
+        self.parts: list[str] = []
+
+    def handle_data(self, data):
+        self.parts.append(data)
+
+
+def page_text(path: Path) -> str:
+    """A page's text with all whitespace collapsed to single spaces (code spans joined)."""
+    collector = _TextCollector()
+    collector.feed(path.read_text(encoding="utf-8", errors="replace"))
+    return " ".join("".join(collector.parts).split())
+
+
+def solution_lines(source: str) -> list[str]:
+    """The lines of a solution cell that give the answer away (not its signature, docstring or comments)."""
+    import ast
+
+    body_docstrings = set()
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Module)):
+            doc = ast.get_docstring(node, clean=False)
+            if doc:
+                body_docstrings.update(" ".join(line.split()) for line in doc.splitlines())
+    lines = []
+    for line in source.splitlines():
+        text = " ".join(line.split("#")[0].split())
+        if (len(text) < 12 or text.startswith(("def ", "class ", "import ", "from ", '"""', "@"))
+                or text in body_docstrings or text.strip('"') in body_docstrings):
+            continue
+        lines.append(text)
+    return lines
+
+
+def _output_text(cell) -> str:
+    """The text a code cell's stored outputs show (streams and text/plain)."""
+    parts = []
+    for out in cell.get("outputs", []):
+        text = out.get("text") or out.get("data", {}).get("text/plain", "")
+        parts.append("".join(text) if isinstance(text, list) else text)
+    return " ".join(parts)
+
+
+def student_book_leaks(student_html: str | Path, instructor_html: str | Path | None = None) -> list[str]:
+    """'page: line' for every solution line found in the student book (empty list: none leaked).
+
+    With instructor_html, every solution must also be found in the instructor's book (or the
+    check could not see a leak), else ValueError.
+    """
+    import nbformat
+
+    from . import student
+
+    found = []
+    for nb_path in sorted((REPO_ROOT / "notebooks").glob("*.ipynb")):
+        nb = nbformat.read(nb_path, as_version=4)
+        page = Path("notebooks") / (nb_path.stem + ".html")
+        solutions = [c for c in nb.cells if student.SOLUTION_TAG in student.tags(c)]
+        # A line that other cells also show (a generic `return False`) says nothing of a leak.
+        # (markdown is compared as it reads: without its code and emphasis marks)
+        elsewhere = " ".join(" ".join(re.sub(r"[`*]", "", c.source).split() + _output_text(c).split())
+                             for c in nb.cells if c not in solutions)
+        lines = [line for cell in solutions for line in solution_lines(cell.source) if line not in elsewhere]
+        if not lines:
+            continue
+        if instructor_html is not None:
+            shown = page_text(Path(instructor_html) / page)
+            missing = [line for line in lines if line not in shown]
+            if missing:
+                raise ValueError(f"{page}: the instructor's book does not show the solution line {missing[0]!r}; "
+                                 "the student-book check cannot see leaks of it")
+        text = page_text(Path(student_html) / page)
+        found += [f"{page}: {line}" for line in lines if line in text]
+    return found
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m labkit.book", description=__doc__.split("\n\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
@@ -151,7 +266,25 @@ def main(argv: list[str] | None = None) -> int:
     p = sub.add_parser("execute", help="re-execute chapter notebooks in place and store their outputs "
                                        "(after the cache changed)")
     p.add_argument("notebooks", nargs="*", type=Path, help="notebooks (default: every notebooks/*.ipynb)")
+    p = sub.add_parser("student-sources", help="assemble the student book's sources (student copies of the chapters)")
+    p.add_argument("out_dir", help="build folder to (re)create, e.g. _build/student_src")
+    p = sub.add_parser("check-student", help="fail if any exercise solution appears in the built student book")
+    p.add_argument("html_dir", help="the student book's HTML, e.g. _build/student_src/_build/html")
+    p.add_argument("--instructor", default="_build/html", help="the instructor's HTML (default: %(default)s), "
+                   "where every solution must be found")
     args = parser.parse_args(argv)
+
+    if args.command == "student-sources":
+        print(f"wrote the student book's sources into {write_student_sources(args.out_dir)}")
+        return 0
+    if args.command == "check-student":
+        leaks = student_book_leaks(args.html_dir, args.instructor)
+        for leak in leaks:
+            print(f"solution in the student book: {leak}", file=sys.stderr)
+        if leaks:
+            return 1
+        print(f"student book {args.html_dir}: no solution line found (each one is in {args.instructor})")
+        return 0
 
     if args.command == "execute":
         for path in args.notebooks or sorted((REPO_ROOT / "notebooks").glob("[0-9]*.ipynb")):

@@ -44,22 +44,32 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
 
 def cmd_pretrain(args: argparse.Namespace) -> int:
-    """Pretrain the tiny base on the generated corpus (none of the 1,400 dataset problems in it)."""
+    """Pretrain the tiny base: the corpus phase, then the answer phase (none of the 1,400 problems in either)."""
     from dataclasses import replace
 
     from .models import TINY_BASE_DIR
     from .pretrain import PretrainConfig, pretrain
 
     if args.preset != "tiny":
-        print(f"only the tiny preset is pretrained by the lab; {args.preset!r} is loaded from its published weights",
-              file=sys.stderr)
+        print(f"--preset {args.preset!r}: only the tiny preset is pretrained by the lab (the qwen preset uses "
+              "Qwen2.5-0.5B-Instruct's published weights, see book/setup.md)", file=sys.stderr)
         return 2
+    for name in ("steps", "answer_steps", "threads"):
+        value = getattr(args, name)
+        if value is not None and value < 1:
+            print(f"--{name.replace('_', '-')} {value}: must be at least 1", file=sys.stderr)
+            return 2
     cfg = PretrainConfig()
     overrides = {k: v for k, v in (("steps", args.steps), ("seed", args.seed), ("threads", args.threads)) if v is not None}
+    if args.answer_steps is not None:
+        overrides["answer"] = replace(cfg.answer, steps=args.answer_steps)
     cfg = replace(cfg, **overrides)
     out = args.out if args.out is not None else TINY_BASE_DIR
-    manifest = pretrain(cfg, out_dir=out, overwrite=args.overwrite)
-    print(f"pretrained {cfg.steps} steps in {manifest['wall_time_s']} s; final loss {manifest['loss']['final_logged']:.4f}; "
+    manifest = pretrain(cfg, out_dir=out, overwrite=args.overwrite, resume=args.resume)
+    phase = manifest["answer_phase"]
+    print(f"pretrained {cfg.steps} corpus steps and {phase['steps']} answer steps in {manifest['wall_time_s']} s; "
+          f"exact answers on {phase['probe']['documents']} fresh held-out statements: "
+          f"{phase['curve'][0][2]:.1%} after the corpus phase, {phase['final_exact']:.1%} at the end; "
           f"{manifest['corpus']['problems_checked']} corpus problems checked, none in the dataset; wrote {out}")
     return 0
 
@@ -278,10 +288,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("rest", nargs=argparse.REMAINDER, help="arguments passed to the benchmark")
     p.set_defaults(func=cmd_bench)
 
-    p = sub.add_parser("pretrain", help="pretrain the tiny base on the generated corpus")
+    p = sub.add_parser("pretrain", help="pretrain the tiny base: the corpus phase, then the answer phase")
     p.add_argument("--preset", default="tiny", help="only 'tiny' (default: %(default)s)")
     p.add_argument("--out", type=Path, default=None, help="run folder (default: runs/tiny/base)")
-    p.add_argument("--steps", type=int, default=None, help="updates (default: the PretrainConfig's)")
+    p.add_argument("--resume", action="store_true", help="continue from the newest state in <out>/states/ "
+                   "(written every few minutes); the result equals an uninterrupted run")
+    p.add_argument("--steps", type=int, default=None, help="corpus-phase updates (default: the PretrainConfig's)")
+    p.add_argument("--answer-steps", type=int, default=None, help="answer-phase updates (default: the config's)")
     p.add_argument("--seed", type=int, default=None, help="model initialisation seed (default: the PretrainConfig's)")
     p.add_argument("--threads", type=int, default=None, help="CPU threads (default: 1, deterministic)")
     p.add_argument("--overwrite", action="store_true", help="replace a finished run (evidence: normally refused)")

@@ -233,8 +233,10 @@ def _peak_memory(device: str) -> tuple[int, str]:
     if device.startswith("cuda"):
         torch.cuda.synchronize(device)
         return int(torch.cuda.max_memory_allocated(device)), "torch.cuda.max_memory_allocated, reset per mode"
-    import resource
-
+    try:
+        import resource
+    except ImportError:  # Windows has no `resource` module (the lab runs there under WSL)
+        return 0, "not measured: this platform has no resource module"
     rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     # Linux reports KiB, macOS bytes.  The CPU peak cannot be reset: it is the process's
     # peak so far, which includes everything loaded before this mode.

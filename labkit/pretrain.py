@@ -1,6 +1,13 @@
-"""Pretraining the tiny preset's base on the generated corpus (`python -m labkit pretrain --preset tiny`).
+"""Pretraining the tiny preset's base (`python -m labkit pretrain --preset tiny`), in two phases.
 
-The stages, in the order the loop runs them:
+Phase 1, the corpus phase (this module): the language of the task and its arithmetic, from a
+generated corpus.  On its own it leaves the base at chance on the statements (1.6% exact
+answers): the loss is spent on predictable template words.  Phase 2, the answer phase
+(`labkit.answer_phase`): statements followed by their answer, loss on the answer's digits
+only, starting from phase 1's model.  Both phases write resumable states into
+`<run>/states/` every few minutes; `python -m labkit pretrain --resume` continues exactly.
+
+The corpus phase's stages, in the order the loop runs them:
 
 1. the corpus: an endless document stream from `labkit.corpus`, every document
    checked against the 1,400 dataset problems before it is used;
@@ -10,10 +17,10 @@ The stages, in the order the loop runs them:
    only itself, at the positions it has when the lab prompts the model alone;
 3. the update: next-token cross-entropy over every real token, AdamW, linear
    warm-up then cosine decay, gradient-norm clipping;
-4. the record: `log.jsonl` (loss and learning rate every `log_every` steps,
-   held-out loss every `heldout_every`), `model.safetensors`, `config.json`,
-   `manifest.json`, then the FINISHED marker.  A finished base is not
-   overwritten without `overwrite=True`.
+4. the record: `corpus_log.jsonl` (loss and learning rate every `log_every` steps,
+   held-out loss every `heldout_every`).  After phase 2: `log.jsonl` (its curve),
+   `model.safetensors`, `config.json`, `manifest.json`, then the FINISHED marker.
+   A finished base is not overwritten without `overwrite=True`.
 
 Dropout is off (eval mode) throughout: the corpus never repeats a document, so
 there is nothing to regularise, and the lab's later phases also run in eval mode.
@@ -25,15 +32,18 @@ from __future__ import annotations
 import math
 import platform
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Iterable, Iterator
 
 import torch
 
 from . import corpus as corpus_mod
-from .models import TINY_ARCH, TINY_BASE_DIR, new_tiny_model, parameter_digest, save_model
-from .runs import FINISHED_MARKER, atomic_write_text, ensure_not_finished, jsonl_bytes, mark_finished, sha256_file, write_json
+from .answer_phase import AnswerPhaseConfig, run_answer_phase
+from .models import TINY_ARCH, TINY_BASE_DIR, load_state_into, new_tiny_model, parameter_digest, save_model
+from .runs import (FINISHED_MARKER, atomic_write_text, ensure_not_finished, jsonl_bytes, mark_finished, read_json,
+                   sha256_file, write_json)
+from .state import load_state, save_state
 from .tokenizer import load_tiny_tokenizer
 
 
@@ -62,6 +72,8 @@ class PretrainConfig:
     probe_documents: int = 256
     """held-out direct answers (from seed heldout_seed + 1) whose teacher-forced accuracy is logged"""
     threads: int = 1
+    answer: AnswerPhaseConfig = AnswerPhaseConfig()
+    """the second phase (labkit.answer_phase): dense answer-only practice on statements"""
 
 
 def lr_at(step: int, cfg: PretrainConfig) -> float:
@@ -205,95 +217,209 @@ def heldout_loss(model, batches: list[dict]) -> float:
     return total / count
 
 
-def pretrain(cfg: PretrainConfig = PretrainConfig(), out_dir: str | Path = TINY_BASE_DIR,
-             overwrite: bool = False, progress: bool = True) -> dict:
-    """Pretrain the tiny base from scratch and write it to `out_dir`; returns the manifest."""
+CORPUS_STATE_KIND = "labkit-pretrain-corpus-phase"
+CORPUS_END_MODEL = "corpus-end.safetensors"  # in states/: the corpus phase's model, where the answer phase starts
+CORPUS_END_RECORD = "corpus-end.json"  # in states/: what the corpus phase did (its manifest entries)
+
+
+def _latest(state_dir: Path, prefix: str) -> Path | None:
+    found = sorted(state_dir.glob(f"{prefix}-*.state"))
+    return found[-1] if found else None
+
+
+def run_corpus_phase(model, tokenizer, cfg: PretrainConfig, state_dir: Path, *, forbidden: frozenset,
+                     resume_from: Path | None = None, progress: bool = True, stop_after: int | None = None,
+                     state_every_s: float = 180.0) -> dict | None:
+    """Stage 1-4 of the module docstring on `model`, in place; returns the phase's record.
+
+    Every `state_every_s` seconds (at a log boundary) a state goes to
+    `state_dir/corpus-<step>.state`; resuming from one replays the corpus stream up
+    to that step (the stream is a pure function of its seed), so the run continues
+    exactly.  With `stop_after`, it saves a state there and returns None.
+    """
     from tqdm import tqdm
 
+    pad_id = tokenizer.pad_token_id
+    stream = TokenStream(tokenizer, cfg.corpus_seed, forbidden, cfg.row_tokens)
+    rows = pack_rows(stream, cfg.row_tokens)
+    held = pack_rows(TokenStream(tokenizer, cfg.heldout_seed, forbidden, cfg.row_tokens), cfg.row_tokens)
+    held_rows = [next(held) for _ in range(cfg.heldout_rows)]
+    held_batches = [batch_tensors(held_rows[i : i + cfg.rows_per_step], cfg.row_tokens, pad_id)
+                    for i in range(0, cfg.heldout_rows, cfg.rows_per_step)]
+    probe_source = corpus_mod.CorpusGenerator(cfg.heldout_seed + 1, forbidden)
+    probe = answer_probe(tokenizer, [probe_source.direct() for _ in range(cfg.probe_documents)])
+
+    def measure() -> dict:
+        return {"heldout_loss": heldout_loss(model, held_batches), "answer_accuracy": answer_accuracy(model, *probe)}
+
+    optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.peak_lr, betas=(cfg.beta1, cfg.beta2),
+                                  weight_decay=cfg.weight_decay)
+    initial_digest = parameter_digest(model)
+    start_step, spent = 0, 0.0
+    if resume_from is not None:
+        state, _ = load_state(resume_from)
+        if state.get("kind") != CORPUS_STATE_KIND or state.get("config") != asdict(cfg):
+            raise ValueError(f"{resume_from} is not a state of this corpus phase (kind or config differs)")
+        model.load_state_dict(state["model"], strict=True)
+        optimizer.load_state_dict(state["optimizer"])
+        start_step, log, spent, initial_digest = state["step"], state["log"], state["elapsed_s"], state["initial_digest"]
+        for _ in range(start_step * cfg.rows_per_step):  # replay the stream: same rows, same counters
+            next(rows)
+    else:
+        log = [{"step": 0, **measure(), "elapsed_s": 0.0}]
+    started = time.time() - spent
+    last_save = time.time()
+    window: list[float] = []
+    last = cfg.steps if stop_after is None else min(cfg.steps, stop_after)
+    bar = tqdm(range(start_step, last), desc="pretrain tiny: corpus phase", disable=not progress,
+               initial=start_step, total=cfg.steps, mininterval=5)
+    for step in bar:
+        # Stage 3: one update on the next rows_per_step packed rows.
+        batch = batch_tensors([next(rows) for _ in range(cfg.rows_per_step)], cfg.row_tokens, pad_id)
+        for group in optimizer.param_groups:
+            group["lr"] = lr_at(step, cfg)
+        loss = model(**batch).loss
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
+        optimizer.step()
+        window.append(float(loss.detach()))
+
+        # Stage 4: the record.
+        done = step + 1
+        if done % cfg.log_every == 0 or done == cfg.steps:
+            row = {"step": done, "lr": lr_at(step, cfg), "loss": sum(window) / len(window),
+                   "grad_norm": float(grad_norm), "tokens": stream.tokens, "elapsed_s": round(time.time() - started, 1)}
+            if done % cfg.heldout_every == 0 or done == cfg.steps:
+                row.update(measure())
+            log.append(row)
+            window = []
+            bar.set_postfix(loss=f"{row['loss']:.3f}")
+            # States only at log boundaries (the loss window is empty), so a resumed log equals a continuous one.
+            if time.time() - last_save > state_every_s or done == last:
+                save_state(state_dir / f"corpus-{done:05d}.state",
+                           {"kind": CORPUS_STATE_KIND, "config": asdict(cfg), "step": done, "log": log,
+                            "elapsed_s": time.time() - started, "initial_digest": initial_digest,
+                            "model": model.state_dict(), "optimizer": optimizer.state_dict()})
+                last_save = time.time()
+    if last < cfg.steps:
+        return None
+    losses = [r for r in log if "loss" in r]
+    return {
+        "corpus": {
+            "name": corpus_mod.CORPUS_NAME,
+            "seed": cfg.corpus_seed,
+            "documents": stream.digest.documents,
+            "digest_sha256": stream.digest.hexdigest(),
+            "kinds": dict(sorted(stream.kinds.items())),
+            "tokens": stream.tokens,
+            "problems_checked": stream.problems_checked,
+            "dataset_problems_found": 0,  # check_disjoint raised otherwise
+        },
+        "steps": cfg.steps,
+        "wall_time_s": round(time.time() - started, 1),
+        "loss": {
+            "first_logged": losses[0]["loss"],
+            "final_logged": losses[-1]["loss"],
+            "min_logged": min(r["loss"] for r in losses),
+            "heldout_columns": ["step", "heldout_loss", "answer_accuracy"],
+            "heldout": [[r["step"], round(r["heldout_loss"], 4), r["answer_accuracy"]] for r in log if "heldout_loss" in r],
+        },
+        "initial_parameter_digest": initial_digest,
+        "parameter_digest": parameter_digest(model),
+        "log": log,
+    }
+
+
+def pretrain(cfg: PretrainConfig = PretrainConfig(), out_dir: str | Path = TINY_BASE_DIR,
+             overwrite: bool = False, progress: bool = True, resume: bool = False,
+             stop_after: tuple[str, int] | None = None, state_every_s: float | None = None) -> dict | None:
+    """Pretrain the tiny base (corpus phase, then answer phase) into `out_dir`; returns the manifest.
+
+    resume: continue from the newest state in `out_dir/states/` (the corpus phase's, or,
+    once it has finished, the answer phase's): the result equals an uninterrupted run.
+    stop_after: ("corpus" | "answer", step): save a state there and return None (tests,
+    or a planned pause).  state_every_s: seconds between states (default: the answer
+    phase config's).
+    """
     out_dir = ensure_not_finished(out_dir, overwrite)
     (out_dir / FINISHED_MARKER).unlink(missing_ok=True)  # an explicit overwrite un-finishes the run first
+    state_dir = out_dir / "states"
+    if not resume and state_dir.exists():
+        for old in [*state_dir.glob("*.state"), state_dir / CORPUS_END_MODEL, state_dir / CORPUS_END_RECORD]:
+            old.unlink(missing_ok=True)  # a fresh run never mixes with an earlier one's states
+    state_dir.mkdir(parents=True, exist_ok=True)
+    every = cfg.answer.state_every_s if state_every_s is None else state_every_s
+    stop_phase, stop_step = stop_after if stop_after is not None else (None, None)
+    if stop_phase not in (None, "corpus", "answer"):
+        raise ValueError(f"stop_after phase {stop_phase!r}: expected 'corpus' or 'answer'")
     threads_before = torch.get_num_threads()
     torch.set_num_threads(cfg.threads)
-    started = time.time()
     try:
         tokenizer = load_tiny_tokenizer()
-        pad_id = tokenizer.pad_token_id
         forbidden = corpus_mod.dataset_keys()
-
-        # Stage 1-2: the training stream and a fixed held-out set from another seed.
-        stream = TokenStream(tokenizer, cfg.corpus_seed, forbidden, cfg.row_tokens)
-        rows = pack_rows(stream, cfg.row_tokens)
-        held = pack_rows(TokenStream(tokenizer, cfg.heldout_seed, forbidden, cfg.row_tokens), cfg.row_tokens)
-        held_rows = [next(held) for _ in range(cfg.heldout_rows)]
-        held_batches = [batch_tensors(held_rows[i : i + cfg.rows_per_step], cfg.row_tokens, pad_id)
-                        for i in range(0, cfg.heldout_rows, cfg.rows_per_step)]
-        probe_source = corpus_mod.CorpusGenerator(cfg.heldout_seed + 1, forbidden)
-        probe = answer_probe(tokenizer, [probe_source.direct() for _ in range(cfg.probe_documents)])
-
-        def measure() -> dict:
-            return {"heldout_loss": heldout_loss(model, held_batches), "answer_accuracy": answer_accuracy(model, *probe)}
-
         model = new_tiny_model(cfg.seed, tokenizer).eval()
-        initial_digest = parameter_digest(model)
-        optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.peak_lr, betas=(cfg.beta1, cfg.beta2),
-                                      weight_decay=cfg.weight_decay)
-        log: list[dict] = [{"step": 0, **measure(), "elapsed_s": 0.0}]
-        window: list[float] = []
-        bar = tqdm(range(cfg.steps), desc="pretrain tiny", disable=not progress, mininterval=5)
-        for step in bar:
-            # Stage 3: one update on the next rows_per_step packed rows.
-            batch = batch_tensors([next(rows) for _ in range(cfg.rows_per_step)], cfg.row_tokens, pad_id)
-            for group in optimizer.param_groups:
-                group["lr"] = lr_at(step, cfg)
-            loss = model(**batch).loss
-            optimizer.zero_grad(set_to_none=True)
-            loss.backward()
-            grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
-            optimizer.step()
-            window.append(float(loss.detach()))
 
-            # Stage 4: the record.
-            done = step + 1
-            if done % cfg.log_every == 0 or done == cfg.steps:
-                row = {"step": done, "lr": lr_at(step, cfg), "loss": sum(window) / len(window),
-                       "grad_norm": float(grad_norm), "tokens": stream.tokens, "elapsed_s": round(time.time() - started, 1)}
-                if done % cfg.heldout_every == 0 or done == cfg.steps:
-                    row.update(measure())
-                log.append(row)
-                window = []
-                bar.set_postfix(loss=f"{row['loss']:.3f}")
-                atomic_write_text(out_dir / "log.jsonl", jsonl_bytes(log).decode())
-        wall = time.time() - started
+        # Phase 1: the corpus (skipped on resume once it has finished: its model is in states/).
+        if resume and (state_dir / CORPUS_END_RECORD).is_file():
+            corpus_record = read_json(state_dir / CORPUS_END_RECORD)
+            if corpus_record["config"] != {k: v for k, v in asdict(cfg).items() if k != "answer"}:
+                raise ValueError(f"{state_dir / CORPUS_END_RECORD} was made with another corpus-phase config")
+            if sha256_file(state_dir / CORPUS_END_MODEL) != corpus_record["model_sha256"]:
+                raise ValueError(f"{state_dir / CORPUS_END_MODEL} does not match the digest recorded in "
+                                 f"{CORPUS_END_RECORD}: the file changed since the corpus phase wrote it")
+            load_state_into(model, state_dir / CORPUS_END_MODEL)
+        else:
+            corpus_record = run_corpus_phase(
+                model, tokenizer, cfg, state_dir, forbidden=forbidden, progress=progress,
+                resume_from=_latest(state_dir, "corpus") if resume else None,
+                stop_after=stop_step if stop_phase == "corpus" else None, state_every_s=every)
+            if corpus_record is None:
+                return None
+            save_model(model, state_dir / CORPUS_END_MODEL)
+            corpus_record.update(config={k: v for k, v in asdict(cfg).items() if k != "answer"},
+                                 model_sha256=sha256_file(state_dir / CORPUS_END_MODEL))
+            write_json(state_dir / CORPUS_END_RECORD, corpus_record)
+
+        # Phase 2: dense answer-only practice (labkit.answer_phase).
+        answer_cfg = cfg.answer if state_every_s is None else replace(cfg.answer, state_every_s=state_every_s)
+        answer = run_answer_phase(
+            model, tokenizer, answer_cfg, state_dir, forbidden=forbidden,
+            minutes_before=corpus_record["wall_time_s"] / 60, progress=progress,
+            resume_from=_latest(state_dir, "answer") if resume else None,
+            stop_after=stop_step if stop_phase == "answer" else None)
+        if answer["steps_done"] < answer_cfg.steps:
+            return None
 
         save_model(model, out_dir / "model.safetensors")
         atomic_write_text(out_dir / "config.json", model.config.to_json_string())
-        losses = [r for r in log if "loss" in r]
-        held_curve = [[r["step"], round(r["heldout_loss"], 4), r["answer_accuracy"]] for r in log if "heldout_loss" in r]
+        atomic_write_text(out_dir / "corpus_log.jsonl", jsonl_bytes(corpus_record["log"]).decode())
+        atomic_write_text(out_dir / "log.jsonl", jsonl_bytes(answer["log"]).decode())
+        evals = [r for r in answer["log"] if r["kind"] == "eval"]
         manifest = {
             "preset": "tiny",
             "command": "python -m labkit pretrain --preset tiny",
             "config": asdict(cfg),
             "architecture": {k: v for k, v in TINY_ARCH.items()},
-            "corpus": {
-                "name": corpus_mod.CORPUS_NAME,
-                "seed": cfg.corpus_seed,
-                "documents": stream.digest.documents,
-                "digest_sha256": stream.digest.hexdigest(),
-                "kinds": dict(sorted(stream.kinds.items())),
-                "tokens": stream.tokens,
-                "problems_checked": stream.problems_checked,
-                "dataset_problems_found": 0,  # check_disjoint raised otherwise
+            "corpus_phase": {k: v for k, v in corpus_record.items() if k not in ("config", "log")},
+            "answer_phase": {
+                "steps": answer_cfg.steps,
+                "documents": answer["documents"],
+                "wall_time_s": answer["wall_time_s"],
+                "probe": {"documents": answer_cfg.probe_documents, "seed": answer_cfg.probe_seed,
+                          "what": "fresh statements (none of the 1,400), the corpus's answer styles; "
+                                  "exact = greedy answer digits all right, teacher-forced on the statement"},
+                "curve_columns": ["step", "minutes", "exact", "digits"],
+                "curve": [[r["step"], r["minutes"], r["exact"], r["digits"]] for r in evals],
+                "final_exact": evals[-1]["exact"],
             },
-            "steps": cfg.steps,
-            "wall_time_s": round(wall, 1),
-            "loss": {
-                "first_logged": losses[0]["loss"],
-                "final_logged": losses[-1]["loss"],
-                "min_logged": min(r["loss"] for r in losses),
-                "heldout_columns": ["step", "heldout_loss", "answer_accuracy"],
-                "heldout": held_curve,
-            },
-            "initial_parameter_digest": initial_digest,
+            # kept under the old keys too: chapter 2 and the tests read them
+            "corpus": corpus_record["corpus"],
+            "steps": corpus_record["steps"] + answer_cfg.steps,
+            "wall_time_s": round(corpus_record["wall_time_s"] + answer["wall_time_s"], 1),
+            "loss": corpus_record["loss"],
+            "initial_parameter_digest": corpus_record["initial_parameter_digest"],
+            "corpus_phase_parameter_digest": corpus_record["parameter_digest"],
             "parameter_digest": parameter_digest(model),
             "model_sha256": sha256_file(out_dir / "model.safetensors"),
             "versions": {"python": platform.python_version(), "torch": torch.__version__,

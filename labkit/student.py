@@ -42,6 +42,7 @@ import nbformat
 from .runs import REPO_ROOT
 
 SOLUTION_TAG = "solution"
+HIDDEN_SOLUTION_TAG = "hide-input"  # every solution cell also carries it: folded in the instructor's book
 CHECK_TAG = "check"
 NOTEBOOKS_DIR = REPO_ROOT / "notebooks"
 
@@ -201,6 +202,8 @@ def student_notebook(nb, name: str = "notebook"):
     for exercise in exercises:
         solution = student.cells[exercise.solution_index]
         solution.source = stub_source(solution.source, exercise)
+        # The instructor's book folds solutions away (hide-input); a student's stub is theirs to see.
+        solution.metadata["tags"] = [t for t in tags(solution) if t != HIDDEN_SOLUTION_TAG]
         _clear_outputs(solution)
         _clear_outputs(student.cells[exercise.check_index])
     student.metadata.setdefault("labkit", {})["copy"] = "student"

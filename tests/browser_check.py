@@ -1,13 +1,15 @@
 """Open every page of the built book in headless Chromium and check that it works offline.
 
 Serves the built HTML (default _build/html) on 127.0.0.1 with Python's http.server, then drives
-Debian's Chromium (/usr/bin/chromium) with Playwright.  Every request that would leave the
+a headless Chromium (found by tests/find_browser.py: Debian's, or Playwright's) with Playwright.  Every request that would leave the
 loopback address is blocked and counted as a failure.  For every page it checks:
 
 - no failed request (blocked, network error, or HTTP status >= 400);
 - no console error and no uncaught exception;
 - every formula typeset: each Sphinx `.math` element holds a MathJax `mjx-container`, and no
   MathJax error (`mjx-merror`) appears;
+- no display equation wider than its text column at 1280 px (a long one is broken over lines
+  in its source: MathJax 3 does not break lines itself);
 - every image loaded (`naturalWidth > 0`), and every figure (a notebook output image) has alt text;
 - every internal link resolves to an existing file, and its `#anchor`, if any, to an element
   with that id (or name) on the target page.
@@ -34,7 +36,6 @@ from html.parser import HTMLParser
 from pathlib import Path
 from urllib.parse import unquote, urlsplit
 
-CHROMIUM = "/usr/bin/chromium"
 # No GPU, no sandbox (root in a container), and nothing that phones home; the host resolver
 # rule makes any name other than the loopback address fail to resolve, as a second fence
 # behind the request blocking below.
@@ -79,7 +80,17 @@ async (mathjaxTimeoutMs) => {
     timeout(10000),
   ]);
   const mathElements = Array.from(document.querySelectorAll(".math"));
+  // A display equation overflows when its typeset width exceeds the width of its own box
+  // (the box is as wide as the text column; the theme lets it scroll, which hides the rest).
+  const overflowing = Array.from(document.querySelectorAll("div.math")).map((el) => {
+    const inner = el.querySelector("mjx-container mjx-math");
+    if (!inner) { return null; }
+    const width = inner.getBoundingClientRect().width;
+    return width > el.clientWidth + 1
+      ? {width: Math.round(width), column: el.clientWidth, tex: el.textContent.slice(0, 60)} : null;
+  }).filter((x) => x);
   return {
+    overflowing: overflowing,
     mathjax: mathjax,
     math: mathElements.length,
     typeset: mathElements.filter((el) => el.querySelector("mjx-container")).length,
@@ -177,8 +188,11 @@ def check_book(html_dir: Path, screenshots: Path) -> int:
     if not (html_dir / "index.html").is_file():
         print(f"{html_dir} has no index.html: build the book first (make book)", file=sys.stderr)
         return 1
-    if not Path(CHROMIUM).is_file():
-        print(f"{CHROMIUM} is missing: apt-get install -y chromium", file=sys.stderr)
+    from find_browser import HOW_TO_GET_ONE, find_chromium
+
+    chromium = find_chromium()
+    if chromium is None:
+        print(HOW_TO_GET_ONE, file=sys.stderr)
         return 1
     pages = book_pages(html_dir)
     screenshots.mkdir(parents=True, exist_ok=True)
@@ -198,7 +212,7 @@ def check_book(html_dir: Path, screenshots: Path) -> int:
     try:
         with sync_playwright() as pw, tempfile.TemporaryDirectory(prefix="browser-check-") as profile:
             context = pw.chromium.launch_persistent_context(
-                profile, executable_path=CHROMIUM, headless=True, args=CHROMIUM_FLAGS,
+                profile, executable_path=chromium, headless=True, args=CHROMIUM_FLAGS,
                 viewport={"width": 1280, "height": 900}, service_workers="block",
             )
             current = {"page": ""}
@@ -251,6 +265,9 @@ def check_book(html_dir: Path, screenshots: Path) -> int:
                 if report["typeset"] != report["math"]:
                     failures.append(f"{name}: {report['math'] - report['typeset']} of {report['math']} formulas "
                                     f"not typeset, e.g. {report['untypeset']}")
+                for wide in report["overflowing"]:
+                    failures.append(f"{name}: display equation {wide['width']} px wide in a {wide['column']} px "
+                                    f"column (break it over lines): {wide['tex']!r}")
                 for text in report["mathErrors"]:
                     failures.append(f"{name}: MathJax error in formula: {text}")
                 for image in report["images"]:
@@ -261,6 +278,10 @@ def check_book(html_dir: Path, screenshots: Path) -> int:
                                         "metadata mystnb.image.alt)")
                 links[name] = report["links"]
                 anchors[name] = set(report["anchors"])
+                for href in report["links"]:  # a link to a placeholder host is a dead end for a reader
+                    host = urlsplit(href).hostname or ""
+                    if host.split(".")[-2:-1] == ["example"] or "github.com/example/" in href:
+                        failures.append(f"{name}: link to a placeholder: {href}")
                 external_links.update(h for h in report["links"]
                                       if h.startswith(("http:", "https:")) and not h.startswith(base_url))
                 if name in wanted_shots:
@@ -280,7 +301,7 @@ def check_book(html_dir: Path, screenshots: Path) -> int:
         else:
             print(f"screenshot skipped: {name} is not in the book yet")
     internal = sum(1 for hrefs in links.values() for h in hrefs if h.startswith(base_url))
-    print(f"browser check: {len(pages)} pages, {requests} requests, {len(failures)} failures, "
+    print(f"browser check of {html_dir}: {len(pages)} pages, {requests} requests, {len(failures)} failures, "
           f"{typeset}/{formulas} formulas typeset, {internal} internal links checked "
           f"({len(external_links)} distinct external links not followed), {elapsed:.1f} s")
     return 1 if failures else 0

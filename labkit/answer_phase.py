@@ -1,0 +1,187 @@
+"""The second phase of the tiny base's pretraining: dense, answer-only practice on statements.
+
+Why a second phase.  After the corpus phase (`labkit.pretrain`) the base writes
+the task's language fluently, but it gets only ~1.6% of held-out direct answers
+exactly right: most of the corpus phase's loss is spent on predictable template
+words, and reading five operands out of a sentence is the hard part (the same
+model gets 27% on the bare equations).  This phase shows the model only
+statements followed by their answer, in the corpus's own answer styles, and
+takes the loss on the answer's digits alone: every gradient is about reading
+and adding.  It starts from the corpus phase's model (from scratch it stays at
+chance for minutes: the corpus phase is what lets it start).
+
+The answer styles are the corpus's (`corpus.DIRECT_ANSWER_STYLES`): the key
+`final_stock` never appears, so the warm start still has the format to teach.
+
+Resumable: a state (model, optimizer, the document generator's random state,
+the log) is written every `state_every_s` seconds; resuming from it continues
+bit for bit as if the run had not stopped (one thread).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+
+from . import corpus as corpus_mod
+from .state import load_state, save_state
+
+ANSWER_STATE_KIND = "labkit-pretrain-answer-phase"
+
+
+@dataclass(frozen=True)
+class AnswerPhaseConfig:
+    steps: int = 12000
+    """about 60 minutes on one CPU thread (~0.3 s a step)"""
+    documents_per_step: int = 32
+    peak_lr: float = 2e-3
+    final_lr: float = 4e-4
+    warmup_steps: int = 50
+    weight_decay: float = 0.01
+    beta1: float = 0.9
+    beta2: float = 0.95
+    grad_clip: float = 1.0
+    seed: int = corpus_mod.CORPUS_SEED + 100
+    """seed of this phase's own stream of direct documents (never the corpus phase's)"""
+    probe_seed: int = corpus_mod.CORPUS_SEED + 200
+    """seed of the held-out statements whose exact answers are measured (never trained on)"""
+    probe_documents: int = 512
+    eval_every: int = 500
+    log_every: int = 100
+    state_every_s: float = 180.0
+
+
+def lr_at(step: int, cfg: AnswerPhaseConfig) -> float:
+    """Learning rate of update `step` (0-based): linear warm-up, then cosine from peak_lr to final_lr."""
+    if step < cfg.warmup_steps:
+        return cfg.peak_lr * (step + 1) / cfg.warmup_steps
+    progress = min(1.0, (step - cfg.warmup_steps) / max(1, cfg.steps - cfg.warmup_steps))
+    return cfg.final_lr + (cfg.peak_lr - cfg.final_lr) * 0.5 * (1 + math.cos(math.pi * progress))
+
+
+def answer_batch(tokenizer, documents: list[corpus_mod.Document]) -> dict[str, torch.Tensor]:
+    """{input_ids, labels} (n, T) int64, right-padded: labels are -100 except on the answer's tokens.
+
+    Right padding needs no attention mask: every pad comes after every real token,
+    so the causal mask keeps it unseen.
+    """
+    encoded = [tokenizer(d.text, add_special_tokens=False, return_offsets_mapping=True) for d in documents]
+    width = max(len(e["input_ids"]) for e in encoded)
+    input_ids = torch.full((len(documents), width), tokenizer.pad_token_id, dtype=torch.long)
+    labels = torch.full((len(documents), width), -100, dtype=torch.long)
+    for i, (doc, e) in enumerate(zip(documents, encoded)):
+        ids = e["input_ids"]
+        input_ids[i, : len(ids)] = torch.tensor(ids)
+        a, b = doc.answer_span
+        for j, (start, end) in enumerate(e["offset_mapping"]):
+            if a <= start and end <= b and end > start:
+                labels[i, j] = ids[j]
+    return {"input_ids": input_ids, "labels": labels}
+
+
+@torch.no_grad()
+def digit_accuracy(model, tokenizer, documents: list[corpus_mod.Document]) -> dict:
+    """Exact and per-digit accuracy of the model's argmax answers (teacher forcing on the statement).
+
+    With every earlier answer digit given, "every answer token is the argmax" is
+    exactly "greedy decoding writes the right number", so `exact` is the
+    greedy direct-answer accuracy.  `digits[k]` is the accuracy of the k-th digit
+    from the left, over the answers that have one.
+    """
+    batch = answer_batch(tokenizer, documents)
+    predicted = model(input_ids=batch["input_ids"]).logits[:, :-1].argmax(-1)
+    target = batch["labels"][:, 1:]
+    mask = target != -100
+    right = (predicted == target) | ~mask
+    exact = right.all(-1)
+    digits: list[list[int]] = []
+    for i in range(len(documents)):
+        positions = mask[i].nonzero().flatten().tolist()
+        for k, pos in enumerate(positions):
+            while len(digits) <= k:
+                digits.append([0, 0])
+            digits[k][0] += int(right[i, pos])
+            digits[k][1] += 1
+    return {"exact": float(exact.float().mean()), "documents": len(documents),
+            "digits": [round(r / n, 4) for r, n in digits]}
+
+
+def probe_documents(cfg: AnswerPhaseConfig, forbidden: frozenset) -> list[corpus_mod.Document]:
+    """The fixed held-out statements: fresh problems (none of the 1,400), the corpus's answer styles."""
+    source = corpus_mod.CorpusGenerator(cfg.probe_seed, forbidden)
+    return [source.direct() for _ in range(cfg.probe_documents)]
+
+
+def run_answer_phase(model, tokenizer, cfg: AnswerPhaseConfig, state_dir: Path, *, forbidden: frozenset,
+                     minutes_before: float, resume_from: Path | None = None, progress: bool = True,
+                     stop_after: int | None = None) -> dict:
+    """Train `model` in place through the answer phase; returns {"log", "wall_time_s", "documents"}.
+
+    minutes_before: CPU minutes already spent (the corpus phase), so the log's
+    `minutes` column is the whole recipe's time.  Every `state_every_s` seconds
+    (and at `stop_after`) a state goes to `state_dir/answer-<step>.state`.
+    """
+    from tqdm import tqdm
+
+    optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.peak_lr, betas=(cfg.beta1, cfg.beta2),
+                                  weight_decay=cfg.weight_decay)
+    stream = corpus_mod.CorpusGenerator(cfg.seed, forbidden)
+    probe = probe_documents(cfg, forbidden)
+    start_step, log, spent = 0, [], 0.0
+    if resume_from is not None:
+        state, _ = load_state(resume_from)
+        if state.get("kind") != ANSWER_STATE_KIND or state.get("config") != asdict(cfg):
+            raise ValueError(f"{resume_from} is not a state of this answer phase (kind or config differs)")
+        model.load_state_dict(state["model"], strict=True)
+        optimizer.load_state_dict(state["optimizer"])
+        stream.rng.setstate(state["stream_rng"])
+        start_step, log, spent = state["step"], state["log"], state["elapsed_s"]
+
+    def measure(step: int, elapsed: float) -> dict:
+        acc = digit_accuracy(model, tokenizer, probe)
+        return {"step": step, "minutes": round(minutes_before + elapsed / 60, 2), "exact": acc["exact"],
+                "digits": acc["digits"]}
+
+    def save(step: int, elapsed: float) -> Path:
+        path = state_dir / f"answer-{step:05d}.state"
+        save_state(path, {"kind": ANSWER_STATE_KIND, "config": asdict(cfg), "step": step, "log": log,
+                          "elapsed_s": elapsed, "model": model.state_dict(), "optimizer": optimizer.state_dict(),
+                          "stream_rng": stream.rng.getstate()})
+        return path
+
+    if not log:
+        log.append({**measure(0, 0.0), "kind": "eval"})
+    started = time.time() - spent
+    last_save = time.time()
+    window: list[float] = []
+    last = cfg.steps if stop_after is None else min(cfg.steps, stop_after)
+    bar = tqdm(range(start_step, last), desc="pretrain tiny: answer phase", disable=not progress,
+               initial=start_step, total=cfg.steps, mininterval=5)
+    for step in bar:
+        batch = answer_batch(tokenizer, [stream.direct() for _ in range(cfg.documents_per_step)])
+        for group in optimizer.param_groups:
+            group["lr"] = lr_at(step, cfg)
+        loss = model(**batch).loss
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
+        optimizer.step()
+        window.append(float(loss.detach()))
+        done = step + 1
+        if done % cfg.log_every == 0 or done == cfg.steps:
+            log.append({"kind": "train", "step": done, "lr": lr_at(step, cfg), "loss": sum(window) / len(window)})
+            window = []
+        if done % cfg.eval_every == 0 or done == cfg.steps:
+            row = {**measure(done, time.time() - started), "kind": "eval"}
+            log.append(row)
+            bar.set_postfix(exact=f"{row['exact']:.3f}")
+        # States only at log boundaries, so a resumed run's log equals a continuous run's.
+        if (done % cfg.log_every == 0 and time.time() - last_save > cfg.state_every_s) or done == last:
+            save(done, time.time() - started)
+            last_save = time.time()
+    return {"log": log, "wall_time_s": round(time.time() - started, 1), "steps_done": last,
+            "documents": last * cfg.documents_per_step, "config": asdict(cfg)}

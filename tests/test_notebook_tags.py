@@ -1,0 +1,98 @@
+"""Every chapter's cell tags keep their promises.
+
+- A cell whose output nbval does not compare (`nbval-ignore-output`) is still checked: its
+  source asserts something or calls an exercise checker.  The one exception is a cell that
+  only shows wall-clock times or memory: it carries a second tag, `timing`, and defines
+  nothing that a later cell uses (so it can only show, never feed, the chapter).
+- No cell is skipped by nbval (`nbval-skip`, `nbval-ignore-output` on a whole notebook, ...).
+- Every exercise solution (`solution`) is folded in the instructor's book (`hide-input`), and
+  nothing else is folded: the toggle reads "Show solution".
+"""
+
+from __future__ import annotations
+
+import ast
+import re
+
+import nbformat
+import pytest
+
+from labkit.runs import REPO_ROOT
+
+NOTEBOOKS = sorted((REPO_ROOT / "notebooks").glob("*.ipynb"))
+IGNORE = "nbval-ignore-output"
+CHECKED = re.compile(r"^\s*assert\b|\bcheck_\w+\(", re.MULTILINE)
+SKIPPING_TAGS = {"nbval-skip", "skip-execution", "raises-exception", "nbval-raises-exception"}
+
+
+def _tags(cell) -> set[str]:
+    return set(cell.get("metadata", {}).get("tags", []))
+
+
+def _names(source: str, kind) -> set[str]:
+    try:
+        tree = ast.parse(source)
+    except SyntaxError:  # IPython magics: not parsed, nothing defined
+        return set()
+    found = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Name) and isinstance(node.ctx, kind):
+            found.add(node.id)
+        elif kind is ast.Store and isinstance(node, (ast.FunctionDef, ast.ClassDef)):
+            found.add(node.name)
+    return found
+
+
+def tag_problems(nb) -> list[str]:
+    """One line per broken promise in a notebook (see the module docstring); empty when all hold."""
+    problems = []
+    code = [(i, c) for i, c in enumerate(nb.cells) if c.cell_type == "code"]
+    for k, (index, cell) in enumerate(code):
+        tags = _tags(cell)
+        where = f"code cell {k} (cell {index})"
+        if tags & SKIPPING_TAGS:
+            problems.append(f"{where} is skipped or allowed to raise ({sorted(tags & SKIPPING_TAGS)})")
+        if "timing" in tags:
+            if IGNORE not in tags:
+                problems.append(f"{where} is tagged timing but its output is compared: add {IGNORE}")
+            # names a later cell reads without setting them itself (a loop variable is its own)
+            later = set().union(set(), *(_names(c.source, ast.Load) - _names(c.source, ast.Store) for _, c in code[k + 1:]))
+            fed = sorted(_names(cell.source, ast.Store) & later)
+            if fed:
+                problems.append(f"{where} is tagged timing but defines {fed}, used later: a timing cell only shows")
+        elif IGNORE in tags and not CHECKED.search(cell.source):
+            problems.append(f"{where} has {IGNORE} but neither asserts nor calls a checker: its values go unchecked")
+        if ("hide-input" in tags) != ("solution" in tags):
+            problems.append(f"{where}: hide-input goes with solution, and only with it (tags {sorted(tags)})")
+    return problems
+
+
+def _nb(*cells):
+    nb = nbformat.v4.new_notebook()
+    nb.cells = [nbformat.v4.new_code_cell(src, metadata={"tags": list(tags)}) for src, tags in cells]
+    return nb
+
+
+def test_the_rule_catches_each_broken_promise():
+    assert tag_problems(_nb(("x = 1\nassert x == 1", [IGNORE]), ("print(x)", []))) == []
+    assert tag_problems(_nb(("assert check_ch01_x(f)", [IGNORE]))) == []
+    assert tag_problems(_nb(("print(seconds)", [IGNORE, "timing"]))) == []
+    [unchecked] = tag_problems(_nb(("print(kl)", [IGNORE])))
+    assert "neither asserts nor calls a checker" in unchecked
+    [feeds] = tag_problems(_nb(("t = time()", [IGNORE, "timing"]), ("print(t)", [])))
+    assert "defines ['t'], used later" in feeds
+    [compared] = tag_problems(_nb(("print(seconds)", ["timing"])))
+    assert "add nbval-ignore-output" in compared
+    [skipped] = tag_problems(_nb(("assert 1", ["nbval-skip"])))
+    assert "skipped" in skipped
+    [unfolded] = tag_problems(_nb(("def f(): pass", ["solution"])))
+    assert "hide-input goes with solution" in unfolded
+
+
+def test_there_are_chapters_to_check():
+    assert len(NOTEBOOKS) >= 8
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.stem for p in NOTEBOOKS])
+def test_every_uncompared_cell_is_still_checked(path):
+    assert tag_problems(nbformat.read(path, as_version=4)) == []
