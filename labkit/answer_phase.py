@@ -10,8 +10,14 @@ takes the loss on the answer's digits alone: every gradient is about reading
 and adding.  It starts from the corpus phase's model (from scratch it stays at
 chance for minutes: the corpus phase is what lets it start).
 
-The answer styles are the corpus's (`corpus.DIRECT_ANSWER_STYLES`): the key
-`final_stock` never appears, so the warm start still has the format to teach.
+What it learns from.  Half of its documents are the corpus's direct answers
+(`corpus.DIRECT_ANSWER_STYLES`); the other half ask, in the lab's own instruction
+template, for a JSON object with *another* key ("Reply with only a JSON object of the
+form {"total": <integer>}.") and answer with that key.  So the base learns to write the
+key it is asked for; the key `final_stock` never appears, and the warm start still
+teaches the lab's exact format.  The loss covers the whole answer (its words, digits
+and the end-of-turn token that the lab takes as EOS): a loss on the digits alone
+taught the digits but not where an answer ends (the base then ran on with digits).
 
 Resumable: a state (model, optimizer, the document generator's random state,
 the log) is written every `state_every_s` seconds; resuming from it continues
@@ -31,6 +37,12 @@ from . import corpus as corpus_mod
 from .state import load_state, save_state
 
 ANSWER_STATE_KIND = "labkit-pretrain-answer-phase"
+# Keys of the keyed-JSON documents: never `final_stock` (checked below), some sharing its
+# words, so that "write the key the instruction names" is the skill, not one key.
+JSON_KEYS = ("answer", "stock", "total", "result", "count", "final_count", "final_total", "final_answer",
+             "closing_stock", "stock_left", "end_stock", "remaining", "items_left", "final_value")
+assert "final_stock" not in JSON_KEYS
+KEYED_INSTRUCTION = "Reply with only a JSON object of the form {{\"{key}\": <integer>}}."
 
 
 @dataclass(frozen=True)
@@ -45,6 +57,8 @@ class AnswerPhaseConfig:
     beta1: float = 0.9
     beta2: float = 0.95
     grad_clip: float = 1.0
+    keyed_share: float = 0.5
+    """share of documents that ask for a JSON object with a named key (the rest: corpus direct answers)"""
     seed: int = corpus_mod.CORPUS_SEED + 100
     """seed of this phase's own stream of direct documents (never the corpus phase's)"""
     probe_seed: int = corpus_mod.CORPUS_SEED + 200
@@ -63,8 +77,36 @@ def lr_at(step: int, cfg: AnswerPhaseConfig) -> float:
     return cfg.final_lr + (cfg.peak_lr - cfg.final_lr) * 0.5 * (1 + math.cos(math.pi * progress))
 
 
-def answer_batch(tokenizer, documents: list[corpus_mod.Document]) -> dict[str, torch.Tensor]:
+def keyed_document(source: corpus_mod.CorpusGenerator) -> corpus_mod.Document:
+    """A chat: a statement, the lab's instruction template with another key, the answer with that key."""
+    p = source.problem()
+    key = source.rng.choice(JSON_KEYS)
+    w = corpus_mod._Writer()
+    w.write(corpus_mod.CHAT_USER)
+    w.write(source.statement(p), drawn=True)
+    w.write("\n" + KEYED_INSTRUCTION.format(key=key) + corpus_mod.CHAT_ASSISTANT + '{"' + key + '": ')
+    answer_span = w.write(str(corpus_mod.task.solve(p)))
+    w.write("}" + corpus_mod.CHAT_END)
+    return w.document("keyed", [p.key], answer_span)
+
+
+def next_document(source: corpus_mod.CorpusGenerator, cfg: "AnswerPhaseConfig") -> corpus_mod.Document:
+    """The answer phase's next document: keyed JSON with probability keyed_share, else a corpus direct answer."""
+    return keyed_document(source) if source.rng.random() < cfg.keyed_share else source.direct()
+
+
+def response_span(doc: corpus_mod.Document) -> tuple[int, int]:
+    """Characters of the assistant's whole answer, up to and including its end-of-turn token."""
+    start = doc.text.index(corpus_mod.CHAT_ASSISTANT) + len(corpus_mod.CHAT_ASSISTANT)
+    end = doc.text.index("<|im_end|>", start) + len("<|im_end|>")
+    return start, end
+
+
+def answer_batch(tokenizer, documents: list[corpus_mod.Document], span: str = "response") -> dict[str, torch.Tensor]:
     """{input_ids, labels} (n, T) int64, right-padded: labels are -100 except on the answer's tokens.
+
+    span: "response", the whole answer with its end-of-turn token (what the phase trains);
+    "number", the answer's digits only (what the probe measures).
 
     Right padding needs no attention mask: every pad comes after every real token,
     so the causal mask keeps it unseen.
@@ -76,7 +118,7 @@ def answer_batch(tokenizer, documents: list[corpus_mod.Document]) -> dict[str, t
     for i, (doc, e) in enumerate(zip(documents, encoded)):
         ids = e["input_ids"]
         input_ids[i, : len(ids)] = torch.tensor(ids)
-        a, b = doc.answer_span
+        a, b = doc.answer_span if span == "number" else response_span(doc)
         for j, (start, end) in enumerate(e["offset_mapping"]):
             if a <= start and end <= b and end > start:
                 labels[i, j] = ids[j]
@@ -92,7 +134,7 @@ def digit_accuracy(model, tokenizer, documents: list[corpus_mod.Document]) -> di
     greedy direct-answer accuracy.  `digits[k]` is the accuracy of the k-th digit
     from the left, over the answers that have one.
     """
-    batch = answer_batch(tokenizer, documents)
+    batch = answer_batch(tokenizer, documents, span="number")
     predicted = model(input_ids=batch["input_ids"]).logits[:, :-1].argmax(-1)
     target = batch["labels"][:, 1:]
     mask = target != -100
@@ -131,7 +173,7 @@ def run_answer_phase(model, tokenizer, cfg: AnswerPhaseConfig, state_dir: Path, 
                                   weight_decay=cfg.weight_decay)
     stream = corpus_mod.CorpusGenerator(cfg.seed, forbidden)
     probe = probe_documents(cfg, forbidden)
-    start_step, log, spent = 0, [], 0.0
+    start_step, log, spent, problems_checked = 0, [], 0.0, 0
     if resume_from is not None:
         state, _ = load_state(resume_from)
         if state.get("kind") != ANSWER_STATE_KIND or state.get("config") != asdict(cfg):
@@ -140,6 +182,7 @@ def run_answer_phase(model, tokenizer, cfg: AnswerPhaseConfig, state_dir: Path, 
         optimizer.load_state_dict(state["optimizer"])
         stream.rng.setstate(state["stream_rng"])
         start_step, log, spent = state["step"], state["log"], state["elapsed_s"]
+        problems_checked = state.get("problems_checked", 0)
 
     def measure(step: int, elapsed: float) -> dict:
         acc = digit_accuracy(model, tokenizer, probe)
@@ -149,7 +192,7 @@ def run_answer_phase(model, tokenizer, cfg: AnswerPhaseConfig, state_dir: Path, 
     def save(step: int, elapsed: float) -> Path:
         path = state_dir / f"answer-{step:05d}.state"
         save_state(path, {"kind": ANSWER_STATE_KIND, "config": asdict(cfg), "step": step, "log": log,
-                          "elapsed_s": elapsed, "model": model.state_dict(), "optimizer": optimizer.state_dict(),
+                          "elapsed_s": elapsed, "problems_checked": problems_checked, "model": model.state_dict(), "optimizer": optimizer.state_dict(),
                           "stream_rng": stream.rng.getstate()})
         return path
 
@@ -162,7 +205,9 @@ def run_answer_phase(model, tokenizer, cfg: AnswerPhaseConfig, state_dir: Path, 
     bar = tqdm(range(start_step, last), desc="pretrain tiny: answer phase", disable=not progress,
                initial=start_step, total=cfg.steps, mininterval=5)
     for step in bar:
-        batch = answer_batch(tokenizer, [stream.direct() for _ in range(cfg.documents_per_step)])
+        documents = [next_document(stream, cfg) for _ in range(cfg.documents_per_step)]
+        problems_checked += corpus_mod.check_disjoint(documents, forbidden)  # none of the 1,400, whatever the generator does
+        batch = answer_batch(tokenizer, documents)
         for group in optimizer.param_groups:
             group["lr"] = lr_at(step, cfg)
         loss = model(**batch).loss
@@ -184,4 +229,5 @@ def run_answer_phase(model, tokenizer, cfg: AnswerPhaseConfig, state_dir: Path, 
             save(done, time.time() - started)
             last_save = time.time()
     return {"log": log, "wall_time_s": round(time.time() - started, 1), "steps_done": last,
+            "problems_checked": problems_checked,
             "documents": last * cfg.documents_per_step, "config": asdict(cfg)}

@@ -11,7 +11,7 @@ Run after `jupyter-book build`:  python -m labkit.book check-offline _build/html
 the student copies of the chapters); `check-student HTML_DIR` fails if a solution reached it.
 
 `python -m labkit.book execute` re-runs every chapter and stores its outputs (after
-`make cache`); `python -m labkit.book results [--run runs/qwen]` writes `book/results.md` from a
+`make cache`); `python -m labkit.book results-page [--run runs/qwen]` writes `book/results.md` from a
 run's files (labkit.results_page); `--check` says whether the page is current.
 """
 
@@ -259,7 +259,7 @@ def main(argv: list[str] | None = None) -> int:
     sub = parser.add_subparsers(dest="command", required=True)
     p = sub.add_parser("check-offline", help="fail if a built page or style sheet fetches from another host")
     p.add_argument("html_dir", nargs="?", default="_build/html")
-    p = sub.add_parser("results", help="write book/results.md from a run's results files (default: the tiny cache)")
+    p = sub.add_parser("results-page", help="write book/results.md from a run's results files (default: the tiny cache)")
     p.add_argument("--run", default=None, help="run folder holding evaluation/results.json (default: runs/tiny)")
     p.add_argument("--out", default=None, help="page to write (default: book/results.md)")
     p.add_argument("--check", action="store_true", help="only check that the page is what the run gives now")
@@ -290,7 +290,7 @@ def main(argv: list[str] | None = None) -> int:
         for path in args.notebooks or sorted((REPO_ROOT / "notebooks").glob("[0-9]*.ipynb")):
             print(f"executed {path} in {execute_notebook(path):.1f} s", flush=True)
         return 0
-    if args.command == "results":
+    if args.command == "results-page":
         from . import results_page
 
         run = args.run or results_page.DEFAULT_RUN
@@ -299,7 +299,7 @@ def main(argv: list[str] | None = None) -> int:
             if results_page.is_current(run, out):
                 print(f"{out} is current with {run}")
                 return 0
-            print(f"{out} is out of date with {run}: run `python -m labkit.book results`", file=sys.stderr)
+            print(f"{out} is out of date with {run}: run `python -m labkit.book results-page`", file=sys.stderr)
             return 1
         print(f"wrote {results_page.write(run, out)}")
         return 0

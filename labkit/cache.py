@@ -47,7 +47,8 @@ class Step:
 
 
 STEPS = (
-    Step("base", "base", ("labkit/task.py", "labkit/corpus.py", "labkit/pretrain.py", "labkit/assets/tiny/tokenizer.json")),
+    Step("base", "base", ("labkit/task.py", "labkit/corpus.py", "labkit/pretrain.py", "labkit/answer_phase.py",
+                          "labkit/assets/tiny/tokenizer.json")),
     Step("warm_start", "warm_start", (*LEARNING_CODE, "labkit/sft.py", *DATA_FILES), ("base/model.safetensors",),
          outputs=("sampler_agreement.json",)),  # the samplers are compared on the warm start
     Step("sft", "sft", (*LEARNING_CODE, "labkit/sft.py", *DATA_FILES), ("warm_start/model.safetensors",)),

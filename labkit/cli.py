@@ -35,6 +35,13 @@ BENCHMARKS = {
 }
 
 
+def cmd_tune(args: argparse.Namespace) -> int:
+    """Try learning rates of the tiny preset on the validation split (labkit.tuning)."""
+    from . import tuning
+
+    return tuning.run(args)
+
+
 def cmd_bench(args: argparse.Namespace) -> int:
     """Run one benchmark; each prints its ratios, measured in one process."""
     import importlib
@@ -268,6 +275,11 @@ def _add_sft_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
 
 
+COMMAND_ORDER = ("data", "pretrain", "warm-start", "sft", "sft-resume-check", "grpo", "grpo-resume-check",
+                 "sampler-agreement", "evaluate", "results-json", "group-size",  # the protocol, in order
+                 "all", "cache", "tune", "bench", "student")  # the tools
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="python -m labkit",
@@ -282,6 +294,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=DEFAULT_SEED, help="generation seed (default: %(default)s)")
     p.add_argument("--check", action="store_true", help="only check that the committed files reproduce byte for byte")
     p.set_defaults(func=cmd_data)
+
+    p = sub.add_parser("tune", help="try tiny learning rates on the validation split (the tables in config.py)")
+    from .tuning import add_arguments as add_tune_arguments
+
+    add_tune_arguments(p)
+    p.set_defaults(func=cmd_tune)
 
     p = sub.add_parser("bench", help="run a benchmark that prints ratios measured in one process")
     p.add_argument("name", choices=sorted(BENCHMARKS), help="; ".join(f"{k}: {v}" for k, v in BENCHMARKS.items()))
@@ -381,7 +399,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-new-tokens", type=int, default=64, help="response token limit (default: %(default)s)")
     p.set_defaults(func=cmd_evaluate)
 
-    p = sub.add_parser("results", help="recompute results.json from the saved predictions and the test labels")
+    p = sub.add_parser("results-json", help="recompute evaluation/results.json from the saved predictions and the test labels")
     p.add_argument("--preset", default="tiny", choices=["tiny", "qwen"], help="model preset (default: %(default)s)")
     p.add_argument("--check", action="store_true", help="only check that results.json reproduces byte for byte")
     p.add_argument("--limit", type=int, default=None, help="the trial on N problems per population (evaluation/trials)")
@@ -402,6 +420,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--overwrite", action="store_true", help="replace an existing report (evidence: normally refused)")
     p.set_defaults(func=cmd_sampler_agreement)
 
+    # `--help` lists the steps in the protocol's order, then the tools (argparse keeps the
+    # order of add_parser, which groups the code by shared arguments instead).
+    rank = {name: i for i, name in enumerate(COMMAND_ORDER)}
+    sub._choices_actions.sort(key=lambda action: rank.get(action.dest, len(rank)))
     return parser
 
 

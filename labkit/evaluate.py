@@ -25,7 +25,7 @@ Two phases, kept apart in code:
    unexpected (problem, draw) is an error.  Each response is scored by
    `labkit.verifier.score`, and `results.json` is written for every finished
    policy: see METRICS for every name.  It is a pure function of the raw
-   predictions, the labels and the side files, so `python -m labkit results`
+   predictions, the labels and the side files, so `python -m labkit results-json`
    recomputes it byte for byte.
 
 What is reported, and why it is honest:

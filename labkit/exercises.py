@@ -330,18 +330,26 @@ def check_ch03_group_advantages(group_advantages) -> bool:
                                 "one advantage per response")
         expected = reference(rewards)
         got64 = got.detach().double()
+        close = torch.allclose(got64, expected, rtol=0.0, atol=1e-9)
+        # Name a known mistake first: a wrong formula (a global mean, say) also breaks the
+        # constant groups, and its own hint is the one that helps.  Where the answer equals the
+        # un-zeroed formula too (in a constant group every variant divides ~0 by eps alike),
+        # the missing zeroing is the mistake to name.
+        matches = [name for name, value in _ch03_variants(rewards).items()
+                   if name in CH03_HINTS and torch.allclose(got64, value, rtol=0.0, atol=1e-9)]
+        if matches and not close and "not set to zero" not in matches:
+            raise ExerciseError(f"{where} returned {got64.tolist()}, expected {expected.tolist()}. "
+                                f"Hint: {CH03_HINTS[matches[0]]}.")
         constant = zero_variance_groups(rewards)
         wrong_zero = constant[:, None] & (got64 != 0.0)
         if wrong_zero.any():
             g = int(torch.nonzero(wrong_zero)[0, 0])
             raise ExerciseError(f"{where}: group {g} is constant, so its advantages must be exactly 0.0, got "
                                 f"{got64[g].tolist()}. Hint: {CH03_HINTS['not set to zero']}.")
-        if torch.allclose(got64, expected, rtol=0.0, atol=1e-9):
+        if close:
             continue
-        matches = [name for name, value in _ch03_variants(rewards).items()
-                   if name in CH03_HINTS and torch.allclose(got64, value, rtol=0.0, atol=1e-9)]
-        hint = CH03_HINTS[matches[0]] if matches else "A = (r - mean) / (std + 1e-8) within each group"
-        raise ExerciseError(f"{where} returned {got64.tolist()}, expected {expected.tolist()}. Hint: {hint}.")
+        raise ExerciseError(f"{where} returned {got64.tolist()}, expected {expected.tolist()}. "
+                            "Hint: A = (r - mean) / (std + 1e-8) within each group.")
     rewards = torch.tensor([[1.0, 0.0, 1.0, 0.0]], dtype=torch.float64, requires_grad=True)
     try:
         got = group_advantages(rewards)

@@ -40,6 +40,34 @@ def plot_target_distribution(records: list[dict], bin_width: int = 10):
 # ---------------------------------------------------------------- chapter 2
 
 
+def plot_pretraining_curve(corpus_points: list[tuple[float, float]], answer_points: list[tuple[float, float, list]],
+                           corpus_minutes: float):
+    """Exact answers of the tiny base against CPU minutes of pretraining (chapter 2).
+
+    corpus_points: (minutes, teacher-forced exact answers on the corpus phase's own probe);
+    answer_points: (minutes, exact answers on the answer phase's fresh statements, per-digit
+    accuracies); corpus_minutes: where the answer phase begins (a vertical line).
+    """
+    fig, ax = plt.subplots(figsize=(8, 3.6))
+    if corpus_points:
+        ax.plot(*zip(*corpus_points), "o-", color="tab:gray", label="corpus phase: exact answers (its own probe)")
+    minutes = [m for m, _, _ in answer_points]
+    ax.plot(minutes, [e for _, e, _ in answer_points], "o-", color="tab:blue", lw=2,
+            label="answer phase: exact answers on fresh statements")
+    for k, style in zip(range(3), (":", "--", "-.")):
+        values = [(m, d[k]) for m, _, d in answer_points if len(d) > k]
+        if values:
+            ax.plot(*zip(*values), style, color="tab:green", alpha=0.7, label=f"digit {k + 1} from the left right")
+    ax.axvline(corpus_minutes, color="black", lw=0.8)
+    ax.text(corpus_minutes, 1.02, " answer phase starts", fontsize=8, va="bottom", transform=ax.get_xaxis_transform())
+    ax.set_xlabel("CPU minutes of pretraining (one thread)")
+    ax.set_ylabel("fraction right")
+    ax.set_ylim(0, 1)
+    ax.legend(fontsize=7, loc="upper left")
+    fig.tight_layout()
+    return fig
+
+
 def plot_rollout_logprobs(token_texts: list[list[str]], token_logprobs: list[list[float]], titles: list[str]):
     """One panel per rollout: the behaviour log-prob of each generated token, labelled by its text (chapter 2).
 

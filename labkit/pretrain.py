@@ -405,6 +405,8 @@ def pretrain(cfg: PretrainConfig = PretrainConfig(), out_dir: str | Path = TINY_
             "answer_phase": {
                 "steps": answer_cfg.steps,
                 "documents": answer["documents"],
+                "problems_checked": answer["problems_checked"],
+                "dataset_problems_found": 0,  # check_disjoint raised otherwise
                 "wall_time_s": answer["wall_time_s"],
                 "probe": {"documents": answer_cfg.probe_documents, "seed": answer_cfg.probe_seed,
                           "what": "fresh statements (none of the 1,400), the corpus's answer styles; "

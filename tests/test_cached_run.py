@@ -34,7 +34,7 @@ def test_results_json_recomputes_byte_for_byte_from_the_raw_predictions():
 
 
 def test_the_results_page_is_generated_from_the_committed_run():
-    assert results_page.is_current(), "book/results.md is out of date: run `python -m labkit.book results`"
+    assert results_page.is_current(), "book/results.md is out of date: run `python -m labkit.book results-page`"
 
 
 def test_the_main_grpo_run_has_1600_rollouts_and_200_updates_none_optimised_twice():

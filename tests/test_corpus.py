@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from labkit import corpus, pretrain, task
+from labkit.answer_phase import AnswerPhaseConfig
 from labkit.models import TINY_BASE_DIR, load_state_into, new_tiny_model, parameter_digest
 from labkit.runs import RunExistsError, read_json, read_jsonl
 from labkit.tokenizer import load_tiny_tokenizer
@@ -168,13 +169,20 @@ def test_learning_rate_schedule():
     assert pretrain.lr_at(110, cfg) == pytest.approx(0.1)
 
 
+# Two answer-phase updates of two documents: enough to run every line of the phase.
+QUICK_ANSWER_PHASE = AnswerPhaseConfig(steps=2, documents_per_step=2, warmup_steps=1, probe_documents=4,
+                                       eval_every=2, log_every=1)
+
+
 def test_a_short_pretraining_is_deterministic_and_never_overwrites(tmp_path):
-    cfg = pretrain.PretrainConfig(steps=2, rows_per_step=2, heldout_rows=2, log_every=1, heldout_every=2)
+    cfg = pretrain.PretrainConfig(steps=2, rows_per_step=2, heldout_rows=2, log_every=1, heldout_every=2,
+                                  answer=QUICK_ANSWER_PHASE)
     first = pretrain.pretrain(cfg, tmp_path / "a", progress=False)
     second = pretrain.pretrain(cfg, tmp_path / "b", progress=False)
     assert first["parameter_digest"] == second["parameter_digest"] != first["initial_parameter_digest"]
     assert first["corpus"]["digest_sha256"] == second["corpus"]["digest_sha256"]
-    assert [r["step"] for r in read_jsonl(tmp_path / "a" / "log.jsonl")] == [0, 1, 2]
+    assert [r["step"] for r in read_jsonl(tmp_path / "a" / "corpus_log.jsonl")] == [0, 1, 2]
+    assert [r["step"] for r in read_jsonl(tmp_path / "a" / "log.jsonl") if r["kind"] == "eval"] == [0, 2]
     model = new_tiny_model(seed=1)
     load_state_into(model, tmp_path / "a" / "model.safetensors")
     assert parameter_digest(model) == first["parameter_digest"]
@@ -184,6 +192,7 @@ def test_a_short_pretraining_is_deterministic_and_never_overwrites(tmp_path):
 
 def test_pretraining_restores_the_thread_count(tmp_path):
     before = torch.get_num_threads()
-    cfg = pretrain.PretrainConfig(steps=1, rows_per_step=1, heldout_rows=1, threads=before + 1)
+    cfg = pretrain.PretrainConfig(steps=1, rows_per_step=1, heldout_rows=1, threads=before + 1,
+                                  answer=QUICK_ANSWER_PHASE)
     pretrain.pretrain(cfg, tmp_path / "c", progress=False)
     assert torch.get_num_threads() == before

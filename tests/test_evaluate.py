@@ -321,9 +321,9 @@ def test_results_recompute_is_byte_identical(root, tmp_path):
 def test_results_command_writes_and_checks(monkeypatch, root, tmp_path, capsys):
     copy = copy_root(root, tmp_path)
     monkeypatch.setattr(evaluate, "evaluation_root", lambda preset, limit=None: copy)
-    assert cli.main(["results", "--preset", "tiny"]) == 0
+    assert cli.main(["results-json", "--preset", "tiny"]) == 0
     assert "| warm_start | greedy | ALL | 4 |" in capsys.readouterr().out
-    assert cli.main(["results", "--preset", "tiny", "--check"]) == 0
+    assert cli.main(["results-json", "--preset", "tiny", "--check"]) == 0
     assert (copy / evaluate.RESULTS_FILE).read_bytes() == evaluate.write_results("tiny", copy).read_bytes()
 
 

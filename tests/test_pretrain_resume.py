@@ -11,7 +11,7 @@ from dataclasses import replace
 import pytest
 import torch
 
-from labkit.answer_phase import AnswerPhaseConfig, answer_batch, lr_at
+from labkit.answer_phase import JSON_KEYS, AnswerPhaseConfig, answer_batch, keyed_document, lr_at
 from labkit.corpus import CorpusGenerator, dataset_keys
 from labkit.pretrain import PretrainConfig, pretrain
 from labkit.runs import read_json
@@ -45,19 +45,38 @@ def test_an_interrupted_run_is_not_a_different_run(tmp_path):
         pretrain(other, tmp_path, progress=False, resume=True, state_every_s=0)
 
 
-def test_the_answer_phase_learns_only_the_answer_digits():
+def test_the_answer_phase_learns_the_whole_answer_and_measures_its_digits():
     tokenizer = load_tiny_tokenizer()
-    docs = [CorpusGenerator(5, dataset_keys()).direct() for _ in range(3)]
-    batch = answer_batch(tokenizer, docs)
-    for doc, ids, labels in zip(docs, batch["input_ids"], batch["labels"]):
-        learned = tokenizer.decode(ids[labels != -100])
+    source = CorpusGenerator(5, dataset_keys())
+    docs = [source.direct(), keyed_document(source), keyed_document(source)]
+    trained = answer_batch(tokenizer, docs)
+    measured = answer_batch(tokenizer, docs, span="number")
+    for doc, ids, labels, digit_labels in zip(docs, trained["input_ids"], trained["labels"], measured["labels"]):
+        assistant = doc.text.split("<|im_start|>assistant\n")[1]
+        answer = assistant[: assistant.index("<|im_end|>") + len("<|im_end|>")]
+        assert tokenizer.decode(ids[labels != -100]) == answer  # the whole answer, up to its end of turn
         a, b = doc.answer_span
-        assert learned == doc.text[a:b] and learned.isdigit()
+        assert tokenizer.decode(ids[digit_labels != -100]) == doc.text[a:b] and doc.text[a:b].isdigit()
         assert "final_stock" not in doc.text
+    for doc in docs[1:]:  # a keyed document answers with the key its instruction names
+        key = doc.text.split('of the form {"')[1].split('"')[0]
+        assert key in JSON_KEYS and doc.text.split("assistant\n")[1].startswith('{"' + key + '": ')
 
 
 def test_the_answer_phase_schedule_warms_up_then_decays_to_its_floor():
     cfg = AnswerPhaseConfig(steps=100, warmup_steps=10, peak_lr=2e-3, final_lr=4e-4)
     assert lr_at(0, cfg) == pytest.approx(2e-4) and lr_at(9, cfg) == pytest.approx(2e-3)
-    assert lr_at(10, cfg) == pytest.approx(2e-3) and lr_at(100, cfg) == pytest.approx(4e-4) < lr_at(99, cfg)
+    assert lr_at(10, cfg) == pytest.approx(2e-3) and lr_at(100, cfg) == pytest.approx(4e-4)
+    assert lr_at(99, cfg) > lr_at(100, cfg)
     assert all(lr_at(s, cfg) >= lr_at(s + 1, cfg) for s in range(10, 99))
+
+
+def test_the_cli_lists_the_protocol_steps_in_order_and_refuses_bad_pretrain_options(capsys):
+    from labkit import cli
+
+    listed = [a.dest for a in cli.build_parser()._subparsers._group_actions[0]._choices_actions]
+    assert listed == list(cli.COMMAND_ORDER)
+    assert cli.main(["pretrain", "--answer-steps", "0"]) == 2
+    assert "--answer-steps 0: must be at least 1" in capsys.readouterr().err
+    assert cli.main(["pretrain", "--preset", "nosuch"]) == 2
+    assert "only the tiny preset is pretrained" in capsys.readouterr().err
