@@ -427,8 +427,30 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+# What a user's mistake raises: shown as one line naming the value and the rule, not a traceback.
+# (LABKIT_TRACEBACK=1 shows the traceback, for debugging the lab itself.)
+USER_ERRORS = (FileExistsError, FileNotFoundError, ValueError)
+
+
 def main(argv: list[str] | None = None) -> int:
+    import os
+
     args = build_parser().parse_args(argv)
+    for name in ("threads", "limit", "validation_limit", "draws", "batch_size", "max_new_tokens"):
+        value = getattr(args, name, None)
+        if value is not None and value < 1:
+            print(f"error: --{name.replace('_', '-')} {value}: must be at least 1", file=sys.stderr)
+            return 2
+    try:
+        return _run(args)
+    except USER_ERRORS as err:
+        if os.environ.get("LABKIT_TRACEBACK"):
+            raise
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+
+
+def _run(args: argparse.Namespace) -> int:
     if hasattr(args, "threads") and args.threads is None and getattr(args, "preset", None) == "tiny":
         # The tiny model gains nothing from a second CPU thread, and on a busy 2-core
         # machine threads waiting for each other slow it down many times over.

@@ -36,7 +36,8 @@ import torch
 
 from . import data, losses, sampling, scoring, state as state_lib, task
 from .config import PresetConfig, get_preset
-from .runs import REPO_ROOT, ensure_not_finished, is_finished, mark_finished, read_json, write_json, write_jsonl
+from .runs import (FINISHED_MARKER, REPO_ROOT, ArtifactError, ensure_not_finished, is_finished, mark_finished,
+                   read_json, read_jsonl, write_json, write_jsonl)
 from .schedule import warmup_linear_decay
 from .sft import code_digests, data_digests, deterministic_algorithms, environment, seed_everything
 
@@ -209,11 +210,21 @@ def run_grpo(
     from . import models
 
     config = get_preset(config) if isinstance(config, str) else config
-    G = group_size or config.group_size
-    total_iterations = iterations or config.grpo_iterations
-    end_iteration = min(stop_after or total_iterations, total_iterations)
-    run_dir = Path(run_dir or default_run_dir(config.name, G))
-    ensure_not_finished(run_dir, overwrite=overwrite)
+    G = config.group_size if group_size is None else group_size
+    total_iterations = config.grpo_iterations if iterations is None else iterations
+    if G < 2:
+        raise ValueError(f"group_size {G}: a group needs at least 2 responses (its advantages compare them)")
+    if total_iterations < 1:
+        raise ValueError(f"iterations {total_iterations}: must be at least 1")
+    if stop_after is not None and not 1 <= stop_after <= total_iterations:
+        raise ValueError(f"stop_after {stop_after}: must lie in 1..{total_iterations} (the run's iterations)")
+    bad_states = [k for k in save_states_at if not 1 <= k <= total_iterations]
+    if bad_states:
+        raise ValueError(f"save_states_at {bad_states}: each must lie in 1..{total_iterations}")
+    end_iteration = total_iterations if stop_after is None else stop_after
+    if resume_from is not None and not Path(resume_from).is_file():
+        raise FileNotFoundError(f"--resume-from {resume_from}: no such state file (states are in <run>/states/)")
+    run_dir = ensure_not_finished(run_dir or default_run_dir(config.name, G), overwrite=overwrite)
     device = device or models.default_device(config.name)
     start_file = Path(start_file or warm_start_file(config.name))
     data.check_path_access("learning", start_file)
@@ -265,8 +276,13 @@ def run_grpo(
         next_update = plain["scheduler"]["next_update"]
         first_iteration = plain["progress"]["iteration"]
     consumed_set = set(consumed)
-    rollout_rows: list[dict] = []
+    removed = clear_attempt(run_dir) if resume_from is None else drop_segments_after(run_dir, first_iteration)
+    if removed:
+        print(f"{run_dir}: removed {len(removed)} file(s) of an earlier, unfinished attempt "
+              f"({', '.join(sorted(p.name for p in removed)[:4])}{', ...' if len(removed) > 4 else ''})", flush=True)
+    rollout_rows: list[dict] = []  # this segment's rows: written with every state, so a kill loses none
     timings: list[dict] = []
+    segment_start = first_iteration + 1
     state_files: list[dict] = []
 
     bar = _progress_bar(progress, first_iteration, end_iteration, G)
@@ -356,13 +372,15 @@ def run_grpo(
                             "optimisation": t_optimisation, "iteration_total": t_total})
             if iteration + 1 in save_states_at or iteration + 1 == end_iteration:
                 t0 = time.perf_counter()
+                # The segment's rollouts go to disk before the state that says they are done.
+                write_segment(run_dir, segment_start, iteration + 1, rollout_rows, timings)
+                rollout_rows, timings, segment_start = [], [], iteration + 2
                 snapshot = state_lib.capture_state(
                     model=model, optimizer=optimizer, scheduler={"next_update": next_update, "total": total_updates},
                     data_order=order.state(), generators={"generation": generation}, history=history,
                     consumed_ids=consumed, identity=identity, progress={"iteration": iteration + 1},
                 )
-                info = state_lib.save_state(state_path(run_dir, iteration + 1), snapshot,
-                                            evidence={"timings": timings})
+                info = state_lib.save_state(state_path(run_dir, iteration + 1), snapshot)
                 info["seconds_total"] = time.perf_counter() - t0
                 state_files.append(info)
             bar.update(1)
@@ -370,10 +388,6 @@ def run_grpo(
                             zero_std=f"{record['frac_reward_zero_std']:.2f}")
     bar.close()
 
-    # The rollouts of this process (a resumed run writes only the iterations it ran).
-    first = first_iteration + 1
-    write_jsonl(run_dir / f"rollouts-{first:03d}-{end_iteration:03d}.jsonl.gz", rollout_rows)
-    write_json(run_dir / f"timings-{first:03d}-{end_iteration:03d}.json", timings)
     if reference.training or any(p.requires_grad for p in reference.parameters()):
         raise RuntimeError("the reference left eval mode or gained gradients")
     if models.parameter_digest(reference) != reference_digest:
@@ -407,7 +421,7 @@ def run_grpo(
         "rollouts": len(consumed),
         "updates": next_update,
         "resumed_from": str(resume_from) if resume_from else None,
-        "generated_tokens": sum(len(r["response_ids"]) for r in rollout_rows),
+        "generated_tokens": sum(len(r["response_ids"]) for r in read_rollouts(run_dir)),
         **summary,
     }
     write_json(run_dir / "manifest.json", manifest)
@@ -421,13 +435,65 @@ def _progress_bar(enabled: bool, start: int, end: int, G: int):
     return tqdm(total=end, initial=start, desc=f"GRPO G={G}", unit="it", disable=not enabled, leave=False)
 
 
-def read_rollouts(run_dir: str | Path) -> list[dict]:
-    """Every rollout of a GRPO run folder, in iteration order (all rollouts-*.jsonl.gz files)."""
-    from .runs import read_jsonl
+# A run's rollouts and timings are written in segments, one per saved state:
+# rollouts-<first>-<last>.jsonl.gz and timings-<first>-<last>.json (iterations, 1-based).
+SEGMENT_PATTERNS = ("rollouts-*.jsonl.gz", "timings-*.json")
 
-    rows = []
-    for path in sorted(Path(run_dir).glob("rollouts-*.jsonl.gz")):
-        rows += read_jsonl(path)
+
+def segment_range(path: Path) -> tuple[int, int]:
+    """(first, last) iteration of a segment file, from its name."""
+    stem = path.name.split(".")[0]  # rollouts-001-040
+    _, first, last = stem.rsplit("-", 2)
+    return int(first), int(last)
+
+
+def write_segment(run_dir: Path, first: int, last: int, rows: list[dict], timings: list[dict]) -> None:
+    write_jsonl(run_dir / f"rollouts-{first:03d}-{last:03d}.jsonl.gz", rows)
+    write_json(run_dir / f"timings-{first:03d}-{last:03d}.json", timings)
+
+
+def clear_attempt(run_dir: Path) -> list[Path]:
+    """Remove what an earlier attempt left in an unfinished (or explicitly overwritten) run folder.
+
+    A fresh start must not mix with old segments (read_rollouts would read both), old
+    states (a resume could pick one) or an old FINISHED marker.  Returns what it removed.
+    """
+    doomed = [p for pattern in (*SEGMENT_PATTERNS, "stopped-at-*.json") for p in run_dir.glob(pattern)]
+    doomed += [run_dir / name for name in (FINISHED_MARKER, "resume_report.json") if (run_dir / name).exists()]
+    doomed += sorted((run_dir / "states").glob("iter-*.pt.gz"))
+    for path in doomed:
+        path.unlink()
+    return doomed
+
+
+def drop_segments_after(run_dir: Path, iteration: int) -> list[Path]:
+    """Before resuming after `iteration`: remove segments and states of iterations beyond it (a later, lost attempt)."""
+    doomed = [p for pattern in SEGMENT_PATTERNS for p in run_dir.glob(pattern) if segment_range(p)[1] > iteration]
+    doomed += [p for p in (run_dir / "states").glob("iter-*.pt.gz") if int(p.name[5:8]) > iteration]
+    for path in doomed:
+        path.unlink()
+    return doomed
+
+
+def read_rollouts(run_dir: str | Path) -> list[dict]:
+    """Every rollout of a GRPO run folder, in iteration order, from its segment files.
+
+    The segments must follow each other without a gap or an overlap (from iteration 1,
+    or from where a run resumed into a new folder began), and no rollout id may appear
+    twice; anything else is refused (ArtifactError naming the files).
+    """
+    paths = sorted(Path(run_dir).glob("rollouts-*.jsonl.gz"), key=segment_range)
+    expected_first = segment_range(paths[0])[0] if paths else 1
+    for path in paths:
+        first, last = segment_range(path)
+        if first != expected_first:
+            raise ArtifactError(f"{path}: starts at iteration {first}, but the segments before it end at "
+                                f"{expected_first - 1}; the run folder mixes attempts or lost a segment")
+        expected_first = last + 1
+    rows = [row for path in paths for row in read_jsonl(path)]
+    ids = [r["rollout_id"] for r in rows]
+    if len(set(ids)) != len(ids):
+        raise ArtifactError(f"{run_dir}: {len(ids) - len(set(ids))} rollout ids appear twice")
     return rows
 
 
@@ -470,6 +536,9 @@ def resume_check(
     report_path = run_dir / "resume_report.json"
     if not is_finished(run_dir):
         raise FileNotFoundError(f"{run_dir} is not a finished run; the check compares against it")
+    if not state_path(run_dir, read_json(run_dir / "manifest.json")["identity"]["iterations"]).is_file():
+        raise FileNotFoundError(f"{run_dir} has no end state in states/ (a fresh clone does not keep states): the "
+                                "check compares end states, so rerun the GRPO run into a new folder first")
     if report_path.exists() and not overwrite:
         raise FileExistsError(f"{report_path} exists; a resume report is evidence (pass --overwrite to redo it)")
     continuous = read_json(run_dir / "manifest.json")

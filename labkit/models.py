@@ -331,7 +331,10 @@ def load_state_into(model: torch.nn.Module, path: str | os.PathLike) -> torch.nn
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"no safetensors file at {path}")
-    saved = load_file(str(path), device="cpu")
+    try:
+        saved = load_file(str(path), device="cpu")
+    except Exception as err:  # safetensors raises its own error type for a file that is not one of its own
+        raise ValueError(f"{path} is not a safetensors model file ({type(err).__name__}: {err})") from None
     expected = unique_state(model)
     missing = sorted(set(expected) - set(saved))
     unexpected = sorted(set(saved) - set(expected))
@@ -346,7 +349,21 @@ def load_state_into(model: torch.nn.Module, path: str | os.PathLike) -> torch.nn
             )
         with torch.no_grad():
             target.copy_(tensor)
+    # Every file `save_model` wrote records the digest of what it saved: a flipped bit anywhere
+    # in the tensors is caught here, at every load, before anything trains on or samples from it.
+    recorded = recorded_digest(path)
+    if recorded is not None and parameter_digest(model) != recorded:
+        raise ValueError(f"{path}: its parameters hash to {parameter_digest(model)[:16]}..., the file records "
+                         f"{recorded[:16]}...; the file was corrupted or changed after it was saved")
     return model
+
+
+def recorded_digest(path: str | os.PathLike) -> str | None:
+    """The parameter digest `save_model` recorded in a safetensors file's metadata, or None."""
+    from safetensors import safe_open
+
+    with safe_open(str(path), framework="pt") as f:
+        return (f.metadata() or {}).get("labkit_parameter_digest")
 
 
 def parameter_digest(model: torch.nn.Module) -> str:

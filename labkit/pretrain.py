@@ -53,7 +53,7 @@ class PretrainConfig:
     """initialises the model (the corpus has its own seed)"""
     corpus_seed: int = corpus_mod.CORPUS_SEED
     steps: int = 12000
-    """about 25 minutes on one CPU thread at ~0.125 s a step"""
+    """about 40 minutes on one CPU thread (~0.2 s a step)"""
     rows_per_step: int = 4
     row_tokens: int = 256
     """4 rows x 256 tokens = 1,024 token slots per update: more updates for the same compute"""

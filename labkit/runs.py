@@ -50,9 +50,17 @@ def write_json(path: str | os.PathLike, obj) -> Path:
     return atomic_write_text(path, dumps_json(obj))
 
 
+class ArtifactError(ValueError):
+    """A run's file is missing, truncated or not what it should be (the message names the file)."""
+
+
 def read_json(path: str | os.PathLike):
-    with open(path, encoding="utf-8") as f:
-        return json.load(f)
+    try:
+        with open(path, encoding="utf-8") as f:
+            return json.load(f)
+    except json.JSONDecodeError as err:
+        raise ArtifactError(f"{path} is not valid JSON (line {err.lineno}, column {err.colno}: {err.msg}); "
+                            "it may be truncated or hand-edited") from None
 
 
 def jsonl_bytes(rows) -> bytes:
@@ -70,8 +78,17 @@ def write_jsonl(path: str | os.PathLike, rows) -> Path:
 
 def read_jsonl(path: str | os.PathLike) -> list[dict]:
     opener = gzip.open if str(path).endswith(".gz") else open
-    with opener(path, "rt", encoding="utf-8") as f:
-        return [json.loads(line) for line in f if line.strip()]
+    rows = []
+    try:
+        with opener(path, "rt", encoding="utf-8") as f:
+            for number, line in enumerate(f, start=1):
+                if line.strip():
+                    rows.append(json.loads(line))
+    except json.JSONDecodeError as err:
+        raise ArtifactError(f"{path}: line {number} is not valid JSON ({err.msg}); the file may be truncated") from None
+    except (EOFError, gzip.BadGzipFile) as err:
+        raise ArtifactError(f"{path} is not a complete gzip file ({err}); it may be truncated") from None
+    return rows
 
 
 def sha256_file(path: str | os.PathLike) -> str:
@@ -90,13 +107,22 @@ class RunExistsError(FileExistsError):
     """Raised when a command would overwrite a finished run."""
 
 
+def run_path(run_dir: str | os.PathLike) -> Path:
+    """The run folder as an absolute path with `..` resolved lexically.
+
+    `runs/tiny/grpo/states/..` names runs/tiny/grpo even where states/ does not exist
+    (a fresh clone): the operating system would resolve it only through a folder that exists.
+    """
+    return Path(os.path.normpath(os.path.abspath(run_dir)))
+
+
 def is_finished(run_dir: str | os.PathLike) -> bool:
-    return (Path(run_dir) / FINISHED_MARKER).exists()
+    return (run_path(run_dir) / FINISHED_MARKER).exists()
 
 
 def ensure_not_finished(run_dir: str | os.PathLike, overwrite: bool = False) -> Path:
     """Refuse to write into a finished run unless `overwrite` is explicitly set."""
-    run_dir = Path(run_dir)
+    run_dir = run_path(run_dir)
     if is_finished(run_dir) and not overwrite:
         raise RunExistsError(
             f"{run_dir} holds a finished run, which is evidence and is never overwritten; "

@@ -374,7 +374,9 @@ def run_branch(
     run_dir = Path(run_dir) if run_dir is not None else default_run_dir(config.name, branch)
     if stop_after_epochs is not None and not 1 <= stop_after_epochs < plan.epochs:
         raise ValueError(f"stop_after_epochs must lie in 1..{plan.epochs - 1} for {branch}, got {stop_after_epochs}")
-    ensure_not_finished(run_dir, overwrite)
+    run_dir = ensure_not_finished(run_dir, overwrite)
+    if validation_limit is not None and validation_limit < 1:
+        raise ValueError(f"validation_limit {validation_limit}: must be at least 1 (or None for all 200)")
     if overwrite and resume_from is None:  # (a resumed run may be continuing from this folder's own states)
         for stale in [run_dir / "FINISHED", run_dir / "resume_report.json", run_dir / "states"]:
             shutil.rmtree(stale) if stale.is_dir() else stale.unlink(missing_ok=True)

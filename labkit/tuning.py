@@ -64,37 +64,35 @@ def validation_profile(config: PresetConfig, state_file: str | Path, draws: int 
     }
 
 
-def tune_warm_start(rates: list[float], base_file: str | Path, out_dir: Path = TUNE_DIR) -> list[dict]:
-    """One protocol warm start per rate from `base_file`; the validation profile of each."""
-    from . import models, sft
-
+def _trials(key: str, rates: list[float], train) -> list[dict]:
+    """One trial per rate: `train(config, run_dir)` runs it; each row adds the validation profile."""
     rows = []
     for rate in rates:
-        config = TINY.with_overrides(sft_lr=rate)
-        run_dir = out_dir / f"warm_start-lr{rate:g}"
+        config = TINY.with_overrides(**{key: rate})
+        run_dir = TUNE_DIR / f"{key}-{rate:g}"
         began = time.perf_counter()
-        sft.run_branch(config, "warm_start", run_dir, model_factory=lambda: models.load("tiny", state=base_file),
-                       start_description=str(base_file), overwrite=True, progress=False, greedy_eval=False)
-        rows.append({"sft_lr": rate, **validation_profile(config, run_dir / "model.safetensors"),
+        train(config, run_dir)
+        rows.append({key: rate, **validation_profile(config, run_dir / "model.safetensors"),
                      "seconds": round(time.perf_counter() - began, 1)})
         print(_row_text(rows[-1]), flush=True)
     return rows
 
 
-def tune_grpo(rates: list[float], warm_file: str | Path, out_dir: Path = TUNE_DIR) -> list[dict]:
+def tune_warm_start(rates: list[float], base_file: str | Path) -> list[dict]:
+    """One protocol warm start (48 updates) per rate from `base_file`; the validation profile of each."""
+    from . import models, sft
+
+    return _trials("sft_lr", rates, lambda config, run_dir: sft.run_branch(
+        config, "warm_start", run_dir, model_factory=lambda: models.load("tiny", state=base_file),
+        start_description=str(base_file), overwrite=True, progress=False, greedy_eval=False))
+
+
+def tune_grpo(rates: list[float], warm_file: str | Path) -> list[dict]:
     """One protocol GRPO run (100 iterations) per rate from `warm_file`; the validation profile of each."""
     from . import grpo
 
-    rows = []
-    for rate in rates:
-        config = TINY.with_overrides(grpo_lr=rate)
-        run_dir = out_dir / f"grpo-lr{rate:g}"
-        began = time.perf_counter()
-        grpo.run_grpo(config, run_dir, start_file=warm_file, overwrite=True, progress=False)
-        rows.append({"grpo_lr": rate, **validation_profile(config, run_dir / "model.safetensors"),
-                     "seconds": round(time.perf_counter() - began, 1)})
-        print(_row_text(rows[-1]), flush=True)
-    return rows
+    return _trials("grpo_lr", rates, lambda config, run_dir: grpo.run_grpo(
+        config, run_dir, start_file=warm_file, overwrite=True, progress=False))
 
 
 def _row_text(row: dict) -> str:

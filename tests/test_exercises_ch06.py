@@ -85,7 +85,7 @@ def test_compares_with_a_run_folder(tmp_path, capsys):
     cases = exercises._ch06_cases()
     rows, history = [], []
     for iteration, (_, case_rows) in enumerate(cases[:2], start=1):
-        rows += [{**r, "iteration": iteration} for r in case_rows]
+        rows += [{**r, "iteration": iteration, "rollout_id": f"it{iteration}-{r['rollout_id']}"} for r in case_rows]
         history.append({"iteration": iteration, **right(case_rows)})
     write_run(tmp_path / "run", rows, history)
     assert exercises.check_ch06_iteration_metrics(right, run_dir=tmp_path / "run") is True

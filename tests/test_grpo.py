@@ -88,3 +88,48 @@ def test_prompt_order_crosses_epochs_deterministically():
     c = grpo.PromptOrder(5, seed=1)
     c.restore(saved)
     assert c.take(4) == first[3:7]
+
+
+def test_a_killed_run_resumed_in_place_keeps_every_rollout_once(tmp_path, start_file):
+    """States at 1 and 2 of 3; the process dies after the iteration-2 state (as kill -9 would:
+    nothing after it is written); resuming in the same folder gives the continuous run's rollouts."""
+    continuous = run(tmp_path / "continuous", start_file)
+    folder = tmp_path / "killed"
+    run(folder, start_file, stop_after=2, save_states_at=(1,))
+    assert len(grpo.read_rollouts(folder)) == 16  # written with the states, not at the end
+    resumed = run(folder, start_file, resume_from=grpo.state_path(folder, 2))
+    assert grpo.read_rollouts(folder) == grpo.read_rollouts(tmp_path / "continuous")
+    assert resumed["final_digest"] == continuous["final_digest"] and resumed["rollouts"] == 24
+
+
+def test_a_fresh_start_in_an_unfinished_folder_leaves_no_old_rollouts(tmp_path, start_file):
+    folder = tmp_path / "run"
+    run(folder, start_file, stop_after=2, save_states_at=(1,))
+    run(folder, start_file)
+    rows = grpo.read_rollouts(folder)
+    assert len(rows) == 24 and len({r["rollout_id"] for r in rows}) == 24
+    assert sorted(p.name for p in folder.glob("rollouts-*")) == ["rollouts-001-003.jsonl.gz"]
+    assert sorted(p.name for p in (folder / "states").iterdir()) == ["iter-003.pt.gz"]
+
+
+def test_overlapping_segments_are_refused(tmp_path, start_file):
+    folder = tmp_path / "run"
+    run(folder, start_file)
+    (folder / "rollouts-002-003.jsonl.gz").write_bytes((folder / "rollouts-001-003.jsonl.gz").read_bytes())
+    with pytest.raises(grpo.ArtifactError, match="starts at iteration 2, but the segments before it end at 3"):
+        grpo.read_rollouts(folder)
+
+
+def test_a_finished_run_named_through_a_missing_folder_is_still_refused(tmp_path, start_file):
+    run(tmp_path / "run", start_file)
+    with pytest.raises(FileExistsError, match="never overwritten"):
+        run(tmp_path / "run" / "nowhere" / "..", start_file)
+
+
+def test_a_corrupted_start_file_is_refused(tmp_path, start_file):
+    bad = tmp_path / "bad.safetensors"
+    data = bytearray(start_file.read_bytes())
+    data[-50] ^= 0x10
+    bad.write_bytes(bytes(data))
+    with pytest.raises(ValueError, match="corrupted or changed after it was saved"):
+        grpo.run_grpo(SMALL, tmp_path / "run", group_size=2, iterations=1, start_file=bad, progress=False)

@@ -1,0 +1,44 @@
+"""A user's mistake gets one line that names the value and the rule, and nothing is written."""
+
+from __future__ import annotations
+
+import pytest
+
+from labkit import cli
+from labkit.runs import REPO_ROOT, sha256_file
+
+GRPO_RUN = REPO_ROOT / "runs" / "tiny" / "grpo"
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["grpo", "--iterations", "0", "--stop-after", "0"], "iterations 0: must be at least 1"),
+    (["grpo", "--iterations", "-3"], "iterations -3: must be at least 1"),
+    (["grpo", "--group-size", "0"], "group_size 0: a group needs at least 2 responses"),
+    (["grpo", "--group-size", "-2"], "group_size -2: a group needs at least 2 responses"),
+    (["grpo", "--iterations", "5", "--stop-after", "9"], "stop_after 9: must lie in 1..5"),
+    (["grpo", "--threads", "0"], "--threads 0: must be at least 1"),
+    (["warm-start", "--validation-limit", "-5"], "--validation-limit -5: must be at least 1"),
+    (["pretrain", "--preset", "nosuch"], "only the tiny preset is pretrained"),
+])
+def test_bad_options_are_refused_in_one_line(tmp_path, capsys, argv, message):
+    if argv[0] == "grpo":
+        argv = argv + ["--run-dir", str(tmp_path / "run")]
+    assert cli.main(argv) == 2
+    err = capsys.readouterr().err
+    assert message in err and "Traceback" not in err and len(err.strip().splitlines()) == 1
+    assert not (tmp_path / "run" / "rollouts-001-001.jsonl.gz").exists()
+
+
+def test_a_finished_run_is_refused_even_through_a_missing_folder(capsys):
+    before = {p.name: sha256_file(p) for p in GRPO_RUN.iterdir() if p.is_file()}
+    assert cli.main(["grpo", "--run-dir", str(GRPO_RUN / "states" / ".."), "--iterations", "1"]) == 2
+    assert "holds a finished run" in capsys.readouterr().err
+    assert {p.name: sha256_file(p) for p in GRPO_RUN.iterdir() if p.is_file()} == before
+
+
+def test_a_missing_or_wrong_state_file_is_named(tmp_path, capsys):
+    assert cli.main(["grpo", "--run-dir", str(tmp_path / "run"), "--resume-from", str(tmp_path / "none.pt.gz")]) == 2
+    assert "no such state file" in capsys.readouterr().err
+    assert cli.main(["sampler-agreement", "--state", str(GRPO_RUN / "history.json"), "--limit", "1",
+                     "--out", str(tmp_path / "agreement.json")]) == 2
+    assert "is not a safetensors model file" in capsys.readouterr().err
