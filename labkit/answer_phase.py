@@ -161,7 +161,9 @@ def probe_documents(cfg: AnswerPhaseConfig, forbidden: frozenset) -> list[corpus
 def run_answer_phase(model, tokenizer, cfg: AnswerPhaseConfig, state_dir: Path, *, forbidden: frozenset,
                      minutes_before: float, resume_from: Path | None = None, progress: bool = True,
                      stop_after: int | None = None) -> dict:
-    """Train `model` in place through the answer phase; returns {"log", "wall_time_s", "documents"}.
+    """Train `model` in place through the answer phase.
+
+    Returns {"log", "wall_time_s", "steps_done", "problems_checked", "documents", "config"}.
 
     minutes_before: CPU minutes already spent (the corpus phase), so the log's
     `minutes` column is the whole recipe's time.  Every `state_every_s` seconds
@@ -192,8 +194,8 @@ def run_answer_phase(model, tokenizer, cfg: AnswerPhaseConfig, state_dir: Path, 
     def save(step: int, elapsed: float) -> Path:
         path = state_dir / f"answer-{step:05d}.state"
         save_state(path, {"kind": ANSWER_STATE_KIND, "config": asdict(cfg), "step": step, "log": log,
-                          "elapsed_s": elapsed, "problems_checked": problems_checked, "model": model.state_dict(), "optimizer": optimizer.state_dict(),
-                          "stream_rng": stream.rng.getstate()})
+                          "elapsed_s": elapsed, "problems_checked": problems_checked, "model": model.state_dict(),
+                          "optimizer": optimizer.state_dict(), "stream_rng": stream.rng.getstate()})
         return path
 
     if not log:
@@ -206,7 +208,8 @@ def run_answer_phase(model, tokenizer, cfg: AnswerPhaseConfig, state_dir: Path, 
                initial=start_step, total=cfg.steps, mininterval=5)
     for step in bar:
         documents = [next_document(stream, cfg) for _ in range(cfg.documents_per_step)]
-        problems_checked += corpus_mod.check_disjoint(documents, forbidden)  # none of the 1,400, whatever the generator does
+        # none of the 1,400 problems, whatever the generator does
+        problems_checked += corpus_mod.check_disjoint(documents, forbidden)
         batch = answer_batch(tokenizer, documents)
         for group in optimizer.param_groups:
             group["lr"] = lr_at(step, cfg)
@@ -229,5 +232,4 @@ def run_answer_phase(model, tokenizer, cfg: AnswerPhaseConfig, state_dir: Path, 
             save(done, time.time() - started)
             last_save = time.time()
     return {"log": log, "wall_time_s": round(time.time() - started, 1), "steps_done": last,
-            "problems_checked": problems_checked,
-            "documents": last * cfg.documents_per_step, "config": asdict(cfg)}
+            "problems_checked": problems_checked, "documents": last * cfg.documents_per_step, "config": asdict(cfg)}

@@ -86,3 +86,93 @@ def markdown_table(b: dict) -> str:
             "| a draw from the train targets' distribution (expected per-draw success) | "
             + " | ".join(f"{100 * draw[p]['expected_success_rate']:.2f}%" for p in POPULATIONS) + " |"]
     return "\n".join([head, *rows]) + "\n"
+
+
+# --- Against chance: the rule, and the sentences chapter 7 and the results page print --------------------------
+
+MODE_NAMES = {"greedy": "greedy pass@1", "sample": "per-draw success"}
+
+
+def distinct_test_targets() -> dict[str, int]:
+    """{population: number of distinct target values among the test problems}."""
+    return {p: len({r["target"] for r in rows})
+            for p, rows in _by_population(data.open_records("labels", "test", "scoring")).items()}
+
+
+def chance_bar(b: dict, population: str = "ALL") -> tuple[float, str]:
+    """The rate a policy's whole 95% interval must lie above to be called above chance, and what sets it.
+
+    The higher of two: the upper end of the constant answer's Wilson interval (the rule that separates
+    two measured rates: intervals that do not overlap) and the train-target draw's expected success
+    (an exact expectation over the test problems, so it has no interval of its own).
+    """
+    constant = b["constant_answer"][population]["success_rate_ci"][1]
+    draw = b["train_target_draw"][population]["expected_success_rate"]
+    if constant >= draw:
+        return constant, "the upper end of the constant answer's interval"
+    return draw, "the expected success of a draw from the train targets"
+
+
+def chance_floor(b: dict, population: str = "ALL") -> tuple[float, str]:
+    """The rate a policy's whole 95% interval must lie below to be called below chance, and what sets it.
+
+    The mirror of `chance_bar`: the higher of the lower end of the constant answer's interval and
+    the train-target draw's expected success (below it, a policy does worse than the better baseline).
+    """
+    constant = b["constant_answer"][population]["success_rate_ci"][0]
+    draw = b["train_target_draw"][population]["expected_success_rate"]
+    if constant >= draw:
+        return constant, "the lower end of the constant answer's interval"
+    return draw, "the expected success of a draw from the train targets"
+
+
+def chance_call(stats: dict, b: dict, population: str = "ALL") -> str:
+    """'above', 'below' or 'not separated': where the Wilson interval of `stats` (a results.json entry) lies.
+
+    'above': its lower end is above `chance_bar`; 'below': its upper end is below `chance_floor`;
+    'not separated' otherwise: this evaluation cannot tell the policy from an answer that never
+    reads the statement.
+    """
+    low, high = stats["success_rate_ci"]
+    if low > chance_bar(b, population)[0]:
+        return "above"
+    if high < chance_floor(b, population)[0]:
+        return "below"
+    return "not separated"
+
+
+def chance_sentence(results: dict, b: dict, policy: str, mode: str = "greedy", population: str = "ALL") -> str:
+    """One sentence saying whether `policy` is above chance in `mode` on `population`, decided by the intervals."""
+    s = results["policies"][policy][mode][population]
+    low, high = s["success_rate_ci"]
+    head = (f"{policy}, {MODE_NAMES[mode]} on {population} ({s['correct']}/{s['responses']} = "
+            f"{100 * s['success_rate']:.1f}%, 95% interval [{100 * low:.2f}, {100 * high:.2f}])")
+    call = chance_call(s, b, population)
+    if call == "above":
+        bar, what = chance_bar(b, population)
+        return f"{head}, is above chance: its whole interval lies above {100 * bar:.2f}%, {what}."
+    if call == "below":
+        floor, what = chance_floor(b, population)
+        return f"{head}, is below chance: its whole interval lies below {100 * floor:.2f}%, {what}."
+    bar, what = chance_bar(b, population)
+    return (f"{head}, is not above chance: its interval starts at {100 * low:.2f}%, not above {100 * bar:.2f}%, "
+            f"{what}, so this evaluation cannot tell it from an answer that never reads the statement.")
+
+
+def markdown_beside(results: dict, b: dict, policies: list[str]) -> str:
+    """Each policy's rates beside the chance bar, as a markdown table (one row per policy and mode)."""
+    head = ("| policy | mode | " + " | ".join(POPULATIONS) + " | distinct answers |\n| --- | --- | "
+            + " | ".join("---:" for _ in POPULATIONS) + " | ---: |")
+    rows = ["| *above chance: lower end above* | both | "
+            + " | ".join(f"{100 * chance_bar(b, p)[0]:.2f}%" for p in POPULATIONS) + " | |"]
+    for policy in policies:
+        for mode in ("greedy", "sample"):
+            cells = []
+            for p in POPULATIONS:
+                s = results["policies"][policy][mode][p]
+                lo, hi = s["success_rate_ci"]
+                cells.append(f"{100 * s['success_rate']:.1f}% [{100 * lo:.1f}, {100 * hi:.1f}] "
+                             f"{chance_call(s, b, p)}")
+            rows.append(f"| {policy} | {mode} | " + " | ".join(cells)
+                        + f" | {b['distinct_answers'][policy][mode]} |")
+    return "\n".join([head, *rows]) + "\n"
