@@ -458,9 +458,9 @@ def clear_attempt(run_dir: Path) -> list[Path]:
     A fresh start must not mix with old segments (read_rollouts would read both), old
     states (a resume could pick one) or an old FINISHED marker.  Returns what it removed.
     """
-    doomed = [p for pattern in (*SEGMENT_PATTERNS, "stopped-at-*.json") for p in run_dir.glob(pattern)]
+    doomed = [p for pattern in (*SEGMENT_PATTERNS, "stopped-at-*.json", ".*.tmp") for p in run_dir.glob(pattern)]
     doomed += [run_dir / name for name in (FINISHED_MARKER, "resume_report.json") if (run_dir / name).exists()]
-    doomed += sorted((run_dir / "states").glob("iter-*.pt.gz"))
+    doomed += sorted((run_dir / "states").glob("iter-*.pt.gz")) + sorted((run_dir / "states").glob(".*.tmp"))
     for path in doomed:
         path.unlink()
     return doomed
@@ -470,6 +470,9 @@ def drop_segments_after(run_dir: Path, iteration: int) -> list[Path]:
     """Before resuming after `iteration`: remove segments and states of iterations beyond it (a later, lost attempt)."""
     doomed = [p for pattern in SEGMENT_PATTERNS for p in run_dir.glob(pattern) if segment_range(p)[1] > iteration]
     doomed += [p for p in (run_dir / "states").glob("iter-*.pt.gz") if int(p.name[5:8]) > iteration]
+    doomed += [p for p in run_dir.glob("stopped-at-*.json") if int(p.stem.split("-")[-1]) > iteration]
+    # half-written files of a killed write (atomic_write_bytes' temporaries): never read, only disk
+    doomed += list(run_dir.glob(".*.tmp")) + list((run_dir / "states").glob(".*.tmp"))
     for path in doomed:
         path.unlink()
     return doomed

@@ -12,6 +12,7 @@ import hashlib
 import json
 import os
 import tempfile
+import zlib
 from pathlib import Path
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -86,7 +87,7 @@ def read_jsonl(path: str | os.PathLike) -> list[dict]:
                     rows.append(json.loads(line))
     except json.JSONDecodeError as err:
         raise ArtifactError(f"{path}: line {number} is not valid JSON ({err.msg}); the file may be truncated") from None
-    except (EOFError, gzip.BadGzipFile) as err:
+    except (EOFError, gzip.BadGzipFile, zlib.error) as err:
         raise ArtifactError(f"{path} is not a complete gzip file ({err}); it may be truncated") from None
     return rows
 

@@ -37,6 +37,7 @@ import io
 import random
 import struct
 import time
+import zlib
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -212,7 +213,10 @@ def load_state(path: str | Path) -> tuple[dict, dict]:
     blob = path.read_bytes()
     if blob[:2] != b"\x1f\x8b":
         raise StateFileError(f"{path} is not a gzip file, so not a state written by labkit.state.save_state")
-    raw = gzip.decompress(blob)
+    try:
+        raw = gzip.decompress(blob)
+    except (OSError, EOFError, zlib.error) as err:  # a flipped bit or a cut file: gzip's own checks catch it
+        raise StateFileError(f"{path} is damaged or truncated ({type(err).__name__}: {err})") from None
     if not raw.startswith(MAGIC):
         raise StateFileError(
             f"{path} does not start with the lab's header {MAGIC!r}; refusing to unpickle a file "
