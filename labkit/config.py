@@ -68,20 +68,45 @@ class PresetConfig:
 
 QWEN = PresetConfig(name="qwen", qwen_revision="7ae557604adf67be50417f59c2c2f167def9a775")
 
-# The tiny preset differs only in learning rates: a 1M-parameter model trained
-# from a small pretraining run moves far less per step than a 0.5B instruct
-# model at the protocol's rates, so at 2e-5 / 1e-6 the 48 warm-start updates and
-# 200 GRPO updates would leave it where it started and teach nothing visible.
+# The tiny preset differs only in learning rates: a 1M-parameter model pretrained by the lab
+# moves differently per step from a 0.5B instruct model, so its two rates are chosen on the
+# VALIDATION split (never the test split) with `python -m labkit tune`, which runs the
+# protocol's real budget at each rate.  The tables, as measured (200 validation problems;
+# "sampled" = 4 seeded draws each at temperature 1; "signal" = groups of those 4 whose rewards
+# are not all equal):
 TINY = QWEN.with_overrides(
     name="tiny",
     qwen_revision=None,
-    # tiny: 150x the protocol's 2e-5.  After 48 warm-start updates the base must not only answer
-    # greedily in the JSON format but *sample* it at temperature 1, or no GRPO group can carry a
-    # reward.  Measured on the 200 validation problems x 4 draws (never the test split), the
-    # committed base's warm start samples valid JSON 11.5% of the time at 1e-3, 89% at 2e-3,
-    # 97% at 3e-3 and 98% at 5e-3; 3e-3 is the smallest rate that makes the format reliable.
-    sft_lr=3e-3,
-    grpo_lr=2e-5,  # tiny: 20x the protocol's 1e-6, so 200 updates move the policy measurably
+    # Warm start from the committed base (46% exact answers in its own formats, 0% valid JSON in
+    # the lab's: it writes the key its instruction names, never `final_stock`), 48 updates:
+    #
+    #   sft_lr   greedy   sampled   valid JSON (sampled)   signal
+    #   1e-4     85.5%    55.5%     96.6%                  78%
+    #   1.5e-4   87.0%    56.8%     98.6%                  76%
+    #   2e-4     86.5%    56.0%     98.9%                  82%
+    #   3e-4     78.5%    53.2%     99.4%                  76%
+    #   5e-4     66.5%    49.6%     99.6%                  75%
+    #   1e-3     20.5%    19.9%     99.9%                  40%
+    #
+    # Above 2e-4 the warm start forgets the base's arithmetic; below 1.5e-4 the format is less
+    # reliable.  Chosen: the highest per-draw sampled success (what GRPO learns from) among the
+    # rates whose samples are valid JSON at least 95% of the time.
+    sft_lr=1.5e-4,
+    # GRPO from that warm start (87.0% greedy, 56.8% sampled on validation), the full budget of
+    # 100 iterations x 4 prompts x 4 responses, 2 updates each:
+    #
+    #   grpo_lr  greedy   sampled   valid JSON (sampled)   signal
+    #   1e-5     92.0%    59.4%     99.5%                  76%
+    #   2e-5     94.5%    59.9%     99.6%                  76%
+    #   3e-5     95.0%    60.1%     99.9%                  75%
+    #   5e-5     93.5%    59.2%     99.9%                  76%
+    #   1e-4     82.0%    54.8%     99.8%                  78%
+    #   2e-4     59.5%    47.2%     99.8%                  77%
+    #
+    # Chosen: the highest per-draw sampled success.  From 1e-5 to 5e-5 the sampled rates lie
+    # within about one point of each other (800 draws: a 95% interval is about +-3.4 points),
+    # so the choice among them is not resolved by validation; from 1e-4 up GRPO makes it worse.
+    grpo_lr=3e-5,
 )
 
 PRESETS = {"qwen": QWEN, "tiny": TINY}
