@@ -11,7 +11,7 @@ def cmd_data(args: argparse.Namespace) -> int:
     """Generate StockArithmetic-v1 from its seed (or check the committed files)."""
     import tempfile
 
-    from . import data, task
+    from . import data
     from .runs import sha256_file
 
     if args.check:

@@ -25,7 +25,6 @@ import shutil
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 from . import cache
 from .runs import REPO_ROOT, is_finished, read_json, write_json

@@ -21,7 +21,6 @@ The last tests corrupt copies of a finished run's files (a flipped bit, a cut) a
 a refusal that names the file.
 """
 
-import gzip
 import os
 import re
 import shutil
@@ -30,7 +29,6 @@ import subprocess
 import sys
 import textwrap
 import time
-import zlib
 from pathlib import Path
 
 import pytest

@@ -1,6 +1,5 @@
 """The GRPO loop on a random-init tiny model: counts, roles, rollouts file, exact resume."""
 
-import gzip
 import json
 
 import pytest

@@ -9,7 +9,6 @@ from __future__ import annotations
 from dataclasses import replace
 
 import pytest
-import torch
 
 from labkit.answer_phase import JSON_KEYS, AnswerPhaseConfig, answer_batch, keyed_document, lr_at
 from labkit.corpus import CorpusGenerator, dataset_keys
