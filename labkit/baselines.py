@@ -99,31 +99,29 @@ def distinct_test_targets() -> dict[str, int]:
             for p, rows in _by_population(data.open_records("labels", "test", "scoring")).items()}
 
 
+def _chance_threshold(b: dict, population: str, end: int) -> tuple[float, str]:
+    """The higher of one end of the constant answer's Wilson interval (end 0: lower, 1: upper) and the
+    train-target draw's expected success (an exact expectation, so it has no interval of its own)."""
+    constant = b["constant_answer"][population]["success_rate_ci"][end]
+    draw = b["train_target_draw"][population]["expected_success_rate"]
+    if constant >= draw:
+        return constant, f"the {('lower', 'upper')[end]} end of the constant answer's interval"
+    return draw, "the expected success of a draw from the train targets"
+
+
 def chance_bar(b: dict, population: str = "ALL") -> tuple[float, str]:
     """The rate a policy's whole 95% interval must lie above to be called above chance, and what sets it.
 
-    The higher of two: the upper end of the constant answer's Wilson interval (the rule that separates
-    two measured rates: intervals that do not overlap) and the train-target draw's expected success
-    (an exact expectation over the test problems, so it has no interval of its own).
+    The upper end of the constant answer's interval (the rule that separates two measured rates:
+    intervals that do not overlap), or the train-target draw's expected success if that is higher.
     """
-    constant = b["constant_answer"][population]["success_rate_ci"][1]
-    draw = b["train_target_draw"][population]["expected_success_rate"]
-    if constant >= draw:
-        return constant, "the upper end of the constant answer's interval"
-    return draw, "the expected success of a draw from the train targets"
+    return _chance_threshold(b, population, 1)
 
 
 def chance_floor(b: dict, population: str = "ALL") -> tuple[float, str]:
-    """The rate a policy's whole 95% interval must lie below to be called below chance, and what sets it.
-
-    The mirror of `chance_bar`: the higher of the lower end of the constant answer's interval and
-    the train-target draw's expected success (below it, a policy does worse than the better baseline).
-    """
-    constant = b["constant_answer"][population]["success_rate_ci"][0]
-    draw = b["train_target_draw"][population]["expected_success_rate"]
-    if constant >= draw:
-        return constant, "the lower end of the constant answer's interval"
-    return draw, "the expected success of a draw from the train targets"
+    """The mirror of `chance_bar`: a policy's whole interval below it is below chance (the lower end
+    of the constant answer's interval, or the draw's expected success if that is higher)."""
+    return _chance_threshold(b, population, 0)
 
 
 def chance_call(stats: dict, b: dict, population: str = "ALL") -> str:
