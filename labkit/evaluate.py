@@ -160,9 +160,9 @@ def load_test_statements(limit: int | None = None) -> list[dict]:
     return select_problems(data.open_records("statements", "test", INFERENCE_PHASE), limit)
 
 
-def load_test_labels(limit: int | None = None) -> list[dict]:
-    """The test labels, for the scoring phase only."""
-    return select_problems(data.open_records("labels", "test", SCORING_PHASE), limit)
+def load_test_labels(*, phase: str, limit: int | None = None) -> list[dict]:
+    """The test labels.  The caller names its phase, and only "scoring" may read them."""
+    return select_problems(data.open_records("labels", "test", phase), limit)
 
 
 # --- 2. Paths -----------------------------------------------------------------------------------
@@ -357,6 +357,7 @@ def run_inference(preset: str, policy: str, *, state_file: str | Path | None = N
     for mode in MODES:
         write_jsonl(out_dir / PREDICTION_FILES[mode], rows[mode])
     manifest = {
+        "phase": INFERENCE_PHASE,  # how labkit.data recognises these files as inference outputs
         "preset": preset,
         "policy": policy,
         "state_file": _display_path(state_file),
@@ -641,7 +642,7 @@ def compute_results(preset: str, eval_root: str | Path | None = None) -> dict:
     if not policies:
         raise FileNotFoundError(f"no finished evaluation under {root}; run `python -m labkit evaluate --preset "
                                 f"{preset} --policy all` first")
-    labels = load_test_labels()
+    labels = load_test_labels(phase=SCORING_PHASE)
     return {
         "format": RESULTS_FORMAT,
         "preset": preset,

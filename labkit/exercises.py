@@ -723,7 +723,7 @@ def _ch06_compare(where: str, got, expected: dict, rows) -> None:
 def check_ch06_iteration_metrics(iteration_metrics, run_dir=None) -> bool:
     """Grade chapter 6's exercise: `iteration_metrics(rows) -> dict`, one iteration's logged metrics.
 
-    rows: the raw rollouts of ONE iteration (dicts as in rollouts-*.jsonl.gz, in any order).
+    rows: the raw rollouts of ONE iteration (dicts as in rollouts.jsonl.gz, in any order).
     The dict must hold reward (mean reward), frac_reward_zero_std (fraction of groups, one
     per problem_id, whose rewards are all equal), completions/mean_length (mean
     len(response_ids)) and completions/clipped_ratio (fraction with finish_reason

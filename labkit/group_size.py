@@ -232,7 +232,7 @@ def grpo_budget_row(run_dir: str | Path, name: str, config: PresetConfig) -> dic
     history = read_json(run_dir / "history.json")
     rollouts = grpo.read_rollouts(run_dir)
     G = manifest["identity"]["group_size"]
-    timings = [t for p in sorted(run_dir.glob("timings-*.json")) for t in read_json(p)]
+    timings = grpo.read_timings(run_dir)
     row = {
         "policy": name,
         "kind": "grpo",

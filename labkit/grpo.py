@@ -20,15 +20,16 @@ Eval mode throughout (dropout off): it does not forbid autograd.  No critic.
 Zero-variance groups are counted and contribute no surrogate gradient; no reward
 is ever invented to break them.
 
-Run folder: `rollouts.jsonl.gz` (every rollout), `history.json` (per-iteration
-metrics), `timings.json` (wall-clock evidence, kept outside the compared state),
-`model.safetensors` (final policy, reloaded and its digest checked),
-`states/iter-<k>.pt.gz` (full states), `manifest.json`, `FINISHED`.
+Run folder (a `labkit.runs.RunFolder`): `rollouts.jsonl.gz` (every rollout, one gzip member
+appended per iteration), `timings.jsonl` (wall-clock evidence, one line per iteration, kept
+outside the compared state), `parts.json` (the ledger: each part's rows, size and digest, each
+state's digest), `history.json` (per-iteration metrics), `model.safetensors` (final policy,
+reloaded and its digest checked), `states/iter-<k>.pt.gz` (full states, each carrying the ledger
+of its boundary), `manifest.json` (with the final ledger), `FINISHED`.
 """
 
 from __future__ import annotations
 
-import math
 import time
 from pathlib import Path
 
@@ -36,8 +37,7 @@ import torch
 
 from . import data, losses, sampling, scoring, state as state_lib, task
 from .config import PresetConfig, get_preset
-from .runs import (FINISHED_MARKER, REPO_ROOT, ArtifactError, ensure_not_finished, is_finished, mark_finished,
-                   read_json, read_jsonl, write_json, write_jsonl)
+from .runs import REPO_ROOT, ArtifactError, RunFolder, is_finished, read_json, run_path, write_json
 from .schedule import warmup_linear_decay
 from .sft import code_digests, data_digests, deterministic_algorithms, environment, seed_everything
 
@@ -162,7 +162,7 @@ def warm_start_file(preset: str) -> Path:
 
 
 def rollout_record(r: sampling.Rollout, iteration: int, verdict, advantage: float) -> dict:
-    """One line of rollouts.jsonl.gz: everything needed to reload and re-check a rollout."""
+    """One row of rollouts.jsonl.gz: everything needed to reload and re-check a rollout."""
     return {
         "rollout_id": r.rollout_id,
         "iteration": iteration,
@@ -222,9 +222,13 @@ def run_grpo(
     if bad_states:
         raise ValueError(f"save_states_at {bad_states}: each must lie in 1..{total_iterations}")
     end_iteration = total_iterations if stop_after is None else stop_after
-    if resume_from is not None and not Path(resume_from).is_file():
-        raise FileNotFoundError(f"--resume-from {resume_from}: no such state file (states are in <run>/states/)")
-    run_dir = ensure_not_finished(run_dir or default_run_dir(config.name, G), overwrite=overwrite)
+    if resume_from is not None:
+        resume_from = run_path(resume_from)
+        if not resume_from.is_file():
+            raise FileNotFoundError(f"--resume-from {resume_from}: no such state file (states are in <run>/states/)")
+        data.check_path_access("learning", resume_from)
+    folder = RunFolder(run_dir or default_run_dir(config.name, G)).open_for_writing(overwrite)
+    run_dir = folder.path
     device = device or models.default_device(config.name)
     start_file = Path(start_file or warm_start_file(config.name))
     data.check_path_access("learning", start_file)
@@ -266,7 +270,7 @@ def run_grpo(
     next_update = 0
     first_iteration = 0
     if resume_from is not None:
-        saved, _evidence = state_lib.load_state(resume_from)
+        saved, evidence = state_lib.load_state(resume_from)
         if saved["identity"] != identity:
             diff = sorted(k for k in identity if saved["identity"].get(k) != identity[k])
             raise ValueError(f"{resume_from} belongs to another run: identity fields {diff} differ")
@@ -276,13 +280,20 @@ def run_grpo(
         next_update = plain["scheduler"]["next_update"]
         first_iteration = plain["progress"]["iteration"]
     consumed_set = set(consumed)
-    removed = clear_attempt(run_dir) if resume_from is None else drop_segments_after(run_dir, first_iteration)
+    if resume_from is not None and resume_from.parent.parent == run_dir:
+        # Resuming in the run's own folder: cut the parts back to the state's boundary.
+        if "ledger" not in evidence:
+            raise ArtifactError(f"{resume_from} carries no ledger of its folder's parts (written by an older labkit); "
+                                "start the run afresh")
+        removed = drop_after(folder, first_iteration, evidence["ledger"])
+        first_in_folder = 1
+    else:
+        # A fresh start, or a resume into a new folder (which then holds iterations k+1.. only).
+        first_in_folder = first_iteration + 1
+        removed = [str(p.relative_to(run_dir)) for p in folder.clear(ATTEMPT_FILES)]
     if removed:
-        print(f"{run_dir}: removed {len(removed)} file(s) of an earlier, unfinished attempt "
-              f"({', '.join(sorted(p.name for p in removed)[:4])}{', ...' if len(removed) > 4 else ''})", flush=True)
-    rollout_rows: list[dict] = []  # this segment's rows: written with every state, so a kill loses none
-    timings: list[dict] = []
-    segment_start = first_iteration + 1
+        print(f"{run_dir}: removed or cut {len(removed)} file(s) of an earlier, unfinished attempt "
+              f"({', '.join(sorted(removed))})", flush=True)
     state_files: list[dict] = []
 
     bar = _progress_bar(progress, first_iteration, end_iteration, G)
@@ -365,22 +376,26 @@ def run_grpo(
                                                "clip_ratio/region_mean")},
             }
             history.append(record)
-            for i, r in enumerate(rollouts):
-                rollout_rows.append(rollout_record(r, iteration + 1, verdicts[i], float(flat_advantages[i])))
+            # The iteration's rollouts go to disk now (appended, synced), before any state counts them.
+            folder.append(ROLLOUTS_PART, [rollout_record(r, iteration + 1, verdicts[i], float(flat_advantages[i]))
+                                          for i, r in enumerate(rollouts)])
             t_total = time.perf_counter() - t_iter
-            timings.append({"iteration": iteration + 1, "generation": t_generation, "logprob_check": t_check,
-                            "optimisation": t_optimisation, "iteration_total": t_total})
+            folder.append(TIMINGS_PART, [{"iteration": iteration + 1, "generation": t_generation,
+                                          "logprob_check": t_check, "optimisation": t_optimisation,
+                                          "iteration_total": t_total}])
             if iteration + 1 in save_states_at or iteration + 1 == end_iteration:
                 t0 = time.perf_counter()
-                # The segment's rollouts go to disk before the state that says they are done.
-                write_segment(run_dir, segment_start, iteration + 1, rollout_rows, timings)
-                rollout_rows, timings, segment_start = [], [], iteration + 2
                 snapshot = state_lib.capture_state(
                     model=model, optimizer=optimizer, scheduler={"next_update": next_update, "total": total_updates},
                     data_order=order.state(), generators={"generation": generation}, history=history,
                     consumed_ids=consumed, identity=identity, progress={"iteration": iteration + 1},
                 )
-                info = state_lib.save_state(state_path(run_dir, iteration + 1), snapshot)
+                # The ledger of this boundary travels as evidence (it holds the timings' digest, which
+                # differs between runs that computed the same thing, so it is not compared).
+                path = state_path(run_dir, iteration + 1)
+                info = state_lib.save_state(path, snapshot, evidence={"ledger": folder.ledger()})
+                folder.register(str(path.relative_to(run_dir)), info["sha256"])
+                info["path"] = str(path.relative_to(run_dir))
                 info["seconds_total"] = time.perf_counter() - t0
                 state_files.append(info)
             bar.update(1)
@@ -401,6 +416,9 @@ def run_grpo(
     if end_iteration < total_iterations:
         write_json(run_dir / f"stopped-at-{end_iteration:03d}.json", summary)
         return summary
+    rows = read_rollouts(run_dir)  # checked against the ledger before the run is called finished
+    if len(rows) != P * G * (end_iteration - first_in_folder + 1):
+        raise RuntimeError(f"{run_dir}: {len(rows)} rollouts on disk, not one per sampled response")
 
     # Finished: final model saved, reloaded, digest compared.
     final_digest = models.parameter_digest(model)
@@ -409,6 +427,8 @@ def run_grpo(
     if models.parameter_digest(reloaded) != final_digest:
         raise RuntimeError("the saved GRPO model does not reload to the same parameters")
     write_json(run_dir / "history.json", history)
+    folder.register("model.safetensors")
+    folder.register("history.json")
     manifest = {
         "step": "grpo",
         "identity": {k: v for k, v in identity.items() if k != "pool_ids"},
@@ -421,11 +441,13 @@ def run_grpo(
         "rollouts": len(consumed),
         "updates": next_update,
         "resumed_from": str(resume_from) if resume_from else None,
-        "generated_tokens": sum(len(r["response_ids"]) for r in read_rollouts(run_dir)),
+        "first_iteration_in_folder": first_in_folder,
+        "generated_tokens": sum(len(r["response_ids"]) for r in rows),
+        "ledger": folder.ledger(),
         **summary,
     }
     write_json(run_dir / "manifest.json", manifest)
-    mark_finished(run_dir, {"final_digest": final_digest})
+    folder.mark_finished({"final_digest": final_digest})
     return manifest
 
 
@@ -435,69 +457,45 @@ def _progress_bar(enabled: bool, start: int, end: int, G: int):
     return tqdm(total=end, initial=start, desc=f"GRPO G={G}", unit="it", disable=not enabled, leave=False)
 
 
-# A run's rollouts and timings are written in segments, one per saved state:
-# rollouts-<first>-<last>.jsonl.gz and timings-<first>-<last>.json (iterations, 1-based).
-SEGMENT_PATTERNS = ("rollouts-*.jsonl.gz", "timings-*.json")
+# A run's parts, named in its ledger; the files a fresh attempt clears (cleanup is the only glob).
+ROLLOUTS_PART = "rollouts.jsonl.gz"
+TIMINGS_PART = "timings.jsonl"
+ATTEMPT_FILES = (ROLLOUTS_PART, TIMINGS_PART, "history.json", "model.safetensors", "manifest.json",
+                 "resume_report.json", "stopped-at-*.json", "states/iter-*.pt.gz")
 
 
-def segment_range(path: Path) -> tuple[int, int]:
-    """(first, last) iteration of a segment file, from its name."""
-    stem = path.name.split(".")[0]  # rollouts-001-040
-    _, first, last = stem.rsplit("-", 2)
-    return int(first), int(last)
-
-
-def write_segment(run_dir: Path, first: int, last: int, rows: list[dict], timings: list[dict]) -> None:
-    write_jsonl(run_dir / f"rollouts-{first:03d}-{last:03d}.jsonl.gz", rows)
-    write_json(run_dir / f"timings-{first:03d}-{last:03d}.json", timings)
-
-
-def clear_attempt(run_dir: Path) -> list[Path]:
-    """Remove what an earlier attempt left in an unfinished (or explicitly overwritten) run folder.
-
-    A fresh start must not mix with old segments (read_rollouts would read both), old
-    states (a resume could pick one) or an old FINISHED marker.  Returns what it removed.
-    """
-    doomed = [p for pattern in (*SEGMENT_PATTERNS, "stopped-at-*.json", ".*.tmp") for p in run_dir.glob(pattern)]
-    doomed += [run_dir / name for name in (FINISHED_MARKER, "resume_report.json") if (run_dir / name).exists()]
-    doomed += sorted((run_dir / "states").glob("iter-*.pt.gz")) + sorted((run_dir / "states").glob(".*.tmp"))
-    for path in doomed:
-        path.unlink()
-    return doomed
-
-
-def drop_segments_after(run_dir: Path, iteration: int) -> list[Path]:
-    """Before resuming after `iteration`: remove segments and states of iterations beyond it (a later, lost attempt)."""
-    doomed = [p for pattern in SEGMENT_PATTERNS for p in run_dir.glob(pattern) if segment_range(p)[1] > iteration]
-    doomed += [p for p in (run_dir / "states").glob("iter-*.pt.gz") if int(p.name[5:8]) > iteration]
-    doomed += [p for p in run_dir.glob("stopped-at-*.json") if int(p.stem.split("-")[-1]) > iteration]
+def drop_after(folder: RunFolder, iteration: int, ledger: dict) -> list[str]:
+    """Before resuming after `iteration` in the run's own folder: cut the parts back to the state's
+    ledger, and remove states and stop markers of later iterations (a later, lost attempt)."""
+    later = [p for p in folder.states.glob("iter-*.pt.gz") if int(p.name[5:8]) > iteration]
+    later += [p for p in folder.path.glob("stopped-at-*.json") if int(p.stem.split("-")[-1]) > iteration]
     # half-written files of a killed write (atomic_write_bytes' temporaries): never read, only disk
-    doomed += list(run_dir.glob(".*.tmp")) + list((run_dir / "states").glob(".*.tmp"))
-    for path in doomed:
+    later += list(folder.path.glob(".*.tmp")) + list(folder.states.glob(".*.tmp"))
+    for path in later:
         path.unlink()
-    return doomed
+    return [str(p.relative_to(folder.path)) for p in later] + folder.restore(ledger)
 
 
 def read_rollouts(run_dir: str | Path) -> list[dict]:
-    """Every rollout of a GRPO run folder, in iteration order, from its segment files.
+    """Every rollout of a GRPO run folder, in iteration order, checked against the folder's ledger.
 
-    The segments must follow each other without a gap or an overlap (from iteration 1,
-    or from where a run resumed into a new folder began), and no rollout id may appear
-    twice; anything else is refused (ArtifactError naming the files).
-    """
-    paths = sorted(Path(run_dir).glob("rollouts-*.jsonl.gz"), key=segment_range)
-    expected_first = segment_range(paths[0])[0] if paths else 1
-    for path in paths:
-        first, last = segment_range(path)
-        if first != expected_first:
-            raise ArtifactError(f"{path}: starts at iteration {first}, but the segments before it end at "
-                                f"{expected_first - 1}; the run folder mixes attempts or lost a segment")
-        expected_first = last + 1
-    rows = [row for path in paths for row in read_jsonl(path)]
+    The ledger (the manifest's, once the run is finished) gives the rows and digest of
+    rollouts.jsonl.gz; the rows must come in consecutive iterations with no id twice.
+    Anything else is refused (ArtifactError naming the file)."""
+    folder = RunFolder(run_dir)
+    rows = folder.read_part(ROLLOUTS_PART)
     ids = [r["rollout_id"] for r in rows]
     if len(set(ids)) != len(ids):
-        raise ArtifactError(f"{run_dir}: {len(ids) - len(set(ids))} rollout ids appear twice")
+        raise ArtifactError(f"{folder / ROLLOUTS_PART}: {len(ids) - len(set(ids))} rollout ids appear twice")
+    iterations = sorted({r["iteration"] for r in rows})
+    if iterations and iterations != list(range(iterations[0], iterations[-1] + 1)):
+        raise ArtifactError(f"{folder / ROLLOUTS_PART}: iterations {iterations[0]}..{iterations[-1]} have gaps")
     return rows
+
+
+def read_timings(run_dir: str | Path) -> list[dict]:
+    """The wall-clock times of each iteration (evidence only: never compared between runs)."""
+    return RunFolder(run_dir).read_part(TIMINGS_PART)
 
 
 # -- 4. Exact resume: stop, resume in a fresh process, compare with the continuous run --------
@@ -530,7 +528,7 @@ def resume_check(
     import subprocess
     import sys
 
-    from .runs import read_jsonl, sha256_file
+    from .runs import sha256_file
 
     config = get_preset(config) if isinstance(config, str) else config
     G = group_size or config.group_size

@@ -13,7 +13,7 @@ from pathlib import Path
 import torch
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
-from .runs import REPO_ROOT, atomic_write_bytes
+from .runs import REPO_ROOT, atomic_write_bytes, check_recorded_digest
 from .tokenizer import load_tiny_tokenizer
 
 # The tiny architecture (DESIGN.md): about 1M parameters.  The embedding has
@@ -331,6 +331,7 @@ def load_state_into(model: torch.nn.Module, path: str | os.PathLike) -> torch.nn
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"no safetensors file at {path}")
+    check_recorded_digest(path)  # the bytes its producing run recorded, before anything is read
     try:
         saved = load_file(str(path), device="cpu")
     except Exception as err:  # safetensors raises its own error type for a file that is not one of its own

@@ -117,21 +117,262 @@ def run_path(run_dir: str | os.PathLike) -> Path:
     return Path(os.path.normpath(os.path.abspath(run_dir)))
 
 
+# -- A run folder ----------------------------------------------------------------------------------
+#
+# A run folder holds three kinds of file:
+#   whole files   written once, atomically (model.safetensors, history.json, manifest.json, states);
+#   parts         JSON Lines files that grow by one block per iteration (rollouts, timings), so a
+#                 kill loses no finished iteration's rows;
+#   FINISHED      written last: a folder without it is an unfinished attempt.
+# The folder's ledger, `parts.json`, lists every part with its row count, size and SHA-256, and
+# every whole file registered with its digest.  Readers go by the ledger (and, once the run is
+# finished, by the manifest's copy of it), never by globbing: a file the ledger does not list is
+# not part of the run.
+
+LEDGER_FILE = "parts.json"
+MANIFEST_FILE = "manifest.json"
+
+
+class RunFolder:
+    """One run folder: its paths, its ledger of parts and files, its FINISHED marker.
+
+    folder = RunFolder("runs/tiny/grpo")
+    folder.open_for_writing(overwrite=False)  # refuses a finished run
+    folder.append("rollouts.jsonl.gz", rows)   # one block, flushed and synced, ledger updated
+    folder.read_part("rollouts.jsonl.gz")      # checked against the ledger's rows and digest
+    """
+
+    def __init__(self, path: str | os.PathLike):
+        self.path = run_path(path)
+
+    def __repr__(self) -> str:
+        return f"RunFolder({str(self.path)!r})"
+
+    def __str__(self) -> str:
+        return str(self.path)
+
+    def __fspath__(self) -> str:
+        return str(self.path)
+
+    def __truediv__(self, name: str) -> Path:
+        return self.path / name
+
+    @property
+    def real(self) -> Path:
+        """The folder with symbolic links resolved: a link to a finished run is that finished run."""
+        return Path(os.path.realpath(self.path))
+
+    @property
+    def states(self) -> Path:
+        return self.path / "states"
+
+    @property
+    def manifest_path(self) -> Path:
+        return self.path / MANIFEST_FILE
+
+    # -- finished or not
+
+    def is_finished(self) -> bool:
+        return (self.path / FINISHED_MARKER).exists() or (self.real / FINISHED_MARKER).exists()
+
+    def open_for_writing(self, overwrite: bool = False) -> "RunFolder":
+        """Refuse a finished run unless `overwrite`; create the folder.  An overwrite un-finishes it first."""
+        if self.is_finished():
+            if not overwrite:
+                raise RunExistsError(
+                    f"{self.path} holds a finished run, which is evidence and is never overwritten; "
+                    "choose a new folder or pass --overwrite explicitly"
+                )
+            (self.path / FINISHED_MARKER).unlink(missing_ok=True)
+        self.path.mkdir(parents=True, exist_ok=True)
+        return self
+
+    def mark_finished(self, summary: dict | None = None) -> None:
+        atomic_write_text(self.path / FINISHED_MARKER, dumps_json(summary or {}))
+
+    def manifest(self) -> dict:
+        if not self.manifest_path.is_file():
+            raise ArtifactError(f"{self.manifest_path} is missing: {self.path} is not a finished run")
+        return read_json(self.manifest_path)
+
+    def clear(self, patterns: tuple[str, ...]) -> list[Path]:
+        """Remove what an earlier attempt left: the files matching `patterns` (relative globs), the
+        ledger, every temporary of a killed write, FINISHED.  Returns what it removed.
+
+        Cleanup is the one place that globs: it must find what no ledger lists any more."""
+        doomed = {p for pattern in (*patterns, LEDGER_FILE, FINISHED_MARKER, ".*.tmp", "states/.*.tmp")
+                  for p in self.path.glob(pattern) if p.is_file()}
+        for path in sorted(doomed):
+            path.unlink()
+        return sorted(doomed)
+
+    # -- the ledger
+
+    def ledger(self) -> dict:
+        """{"parts": {name: {"rows", "bytes", "sha256"}}, "files": {name: {"bytes", "sha256"}}}.
+
+        A finished run's ledger is the copy in its manifest; an unfinished one's is parts.json."""
+        if self.is_finished():
+            manifest = self.manifest()
+            if "ledger" not in manifest:
+                raise ArtifactError(f"{self.manifest_path} lists no parts (a run written before ledgers existed); "
+                                    "rebuild it with `make cache`")
+            return manifest["ledger"]
+        path = self.path / LEDGER_FILE
+        return read_json(path) if path.is_file() else {"parts": {}, "files": {}}
+
+    def _write_ledger(self, ledger: dict) -> None:
+        write_json(self.path / LEDGER_FILE, ledger)
+
+    def register(self, name: str, sha256: str | None = None) -> dict:
+        """Record a whole file (relative name) with its size and digest in the ledger."""
+        path = self.path / name
+        entry = {"bytes": path.stat().st_size, "sha256": sha256 or sha256_file(path)}
+        ledger = self.ledger()
+        ledger["files"][name] = entry
+        self._write_ledger(ledger)
+        return entry
+
+    def check_file(self, name: str) -> None:
+        """Refuse a registered file whose bytes no longer have the digest the ledger recorded."""
+        entry = self.ledger()["files"].get(name)
+        if entry is None:
+            return
+        actual = sha256_file(self.path / name)
+        if actual != entry["sha256"]:
+            raise ArtifactError(f"{self.path / name} has SHA-256 {actual[:16]}..., but {self.path.name}'s ledger "
+                                f"recorded {entry['sha256'][:16]}...; the file was changed or damaged "
+                                "(rebuild the run, e.g. with `make cache`)")
+
+    # -- parts: files that grow by one block per iteration
+
+    def append(self, name: str, rows: list[dict]) -> dict:
+        """Append `rows` as one block to the part `name`, flush and fsync it, then update the ledger.
+
+        A `.gz` part grows by one gzip member per block (a multi-member file is ordinary gzip), so
+        truncating it at a recorded size leaves a complete, readable file."""
+        data = jsonl_bytes(rows)
+        if name.endswith(".gz"):
+            data = gzip.compress(data, compresslevel=6, mtime=0)
+        ledger = self.ledger()
+        before = ledger["parts"].get(name, {"rows": 0, "bytes": 0})
+        path = self.path / name
+        with open(path, "r+b" if path.exists() else "wb") as f:
+            f.truncate(before["bytes"])  # anything past the ledger is a killed write's tail
+            f.seek(before["bytes"])
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        entry = {"rows": before["rows"] + len(rows), "bytes": path.stat().st_size, "sha256": sha256_file(path)}
+        ledger["parts"][name] = entry
+        self._write_ledger(ledger)
+        return entry
+
+    def restore(self, ledger: dict) -> list[str]:
+        """Return the folder to an earlier `ledger` (a state's copy): cut every part back to its
+        recorded size and check its digest; remove parts the ledger does not list.  Returns the
+        names cut or removed."""
+        changed = []
+        current = self.ledger()
+        for name in sorted(set(current["parts"]) - set(ledger["parts"])):
+            (self.path / name).unlink(missing_ok=True)
+            changed.append(name)
+        for name, entry in sorted(ledger["parts"].items()):
+            path = self.path / name
+            size = path.stat().st_size if path.exists() else None
+            if size is None or size < entry["bytes"]:
+                raise ArtifactError(f"{path} holds {size or 0} bytes, but the state records {entry['bytes']}: "
+                                    "rows the state counts as written are missing; start the run afresh")
+            if size > entry["bytes"]:
+                with open(path, "r+b") as f:
+                    f.truncate(entry["bytes"])
+                    os.fsync(f.fileno())
+                changed.append(name)
+            actual = sha256_file(path)
+            if actual != entry["sha256"]:
+                raise ArtifactError(f"{path} has SHA-256 {actual[:16]}... where the state records "
+                                    f"{entry['sha256'][:16]}...; its rows were changed or damaged since; "
+                                    "start the run afresh")
+        files = {name: entry for name, entry in current["files"].items() if (self.path / name).exists()}
+        self._write_ledger({"parts": dict(ledger["parts"]), "files": files})
+        return changed
+
+    def read_part(self, name: str) -> list[dict]:
+        """The rows of part `name`, after checking its size, digest and row count against the ledger."""
+        entry = self.ledger()["parts"].get(name)
+        path = self.path / name
+        if entry is None:
+            raise ArtifactError(f"{self.path}: its ledger lists no part {name!r}")
+        if not path.is_file():
+            raise ArtifactError(f"{path} is missing, but the ledger lists it with {entry['rows']} rows")
+        actual = sha256_file(path)
+        if actual != entry["sha256"]:
+            raise ArtifactError(f"{path} has SHA-256 {actual[:16]}..., but the ledger recorded "
+                                f"{entry['sha256'][:16]}...: the file was changed, damaged or is mid-write")
+        rows = read_jsonl(path)
+        if len(rows) != entry["rows"]:
+            raise ArtifactError(f"{path} holds {len(rows)} rows, but the ledger records {entry['rows']}")
+        return rows
+
+
+# The command that rebuilds what a run folder of runs/<preset>/ holds, for the refusal's message.
+REBUILD_COMMANDS = {"base": "pretrain", "warm_start": "warm-start", "sft": "sft", "grpo": "grpo",
+                    "grpo_g2": "group-size", "grpo_g8": "group-size"}
+
+
+def recorded_sha256(path: str | os.PathLike) -> tuple[str, Path] | None:
+    """(digest, where it is recorded) for a file its run folder records, or None.
+
+    A file is recorded by the ledger of its folder (parts.json while the run is unfinished, the
+    manifest's copy once it is finished), by a manifest's `files`, or (the base) `model_sha256`.
+    States live in <run>/states/, so their folder is the one above."""
+    path = run_path(path)
+    owner = path.parent.parent if path.parent.name == "states" else path.parent
+    name = str(path.relative_to(owner))
+    for record in (owner / LEDGER_FILE, owner / MANIFEST_FILE):
+        if not record.is_file():
+            continue
+        listing = read_json(record)
+        if not isinstance(listing, dict):
+            continue
+        ledger = listing.get("ledger", listing) if record.name == MANIFEST_FILE else listing
+        files = listing.get("files", {}) if isinstance(listing.get("files"), dict) else {}
+        for entry in (ledger.get("files", {}).get(name), files.get(name),
+                      files.get("states", {}).get(name) if isinstance(files.get("states"), dict) else None):
+            if isinstance(entry, dict) and "sha256" in entry:
+                return entry["sha256"], record
+        if name == "model.safetensors" and isinstance(listing.get("model_sha256"), str):
+            return listing["model_sha256"], record
+    return None
+
+
+def check_recorded_digest(path: str | os.PathLike) -> None:
+    """Refuse a model or state whose bytes differ from the digest its producing run recorded.
+
+    The message names the file, both digests and the command that rebuilds it."""
+    found = recorded_sha256(path)
+    if found is None:
+        return
+    expected, record = found
+    actual = sha256_file(path)
+    if actual != expected:
+        folder = record.parent
+        command = REBUILD_COMMANDS.get(folder.name)
+        preset = folder.parent.name
+        how = (f"rebuild it with `python -m labkit {command} --preset {preset} --overwrite` (or `make cache`)"
+               if command else "rebuild the run that made it")
+        raise ArtifactError(f"{path} has SHA-256 {actual}, but {record} records {expected}: "
+                            f"the file was changed or damaged since it was written; {how}")
+
+
 def is_finished(run_dir: str | os.PathLike) -> bool:
-    return (run_path(run_dir) / FINISHED_MARKER).exists()
+    return RunFolder(run_dir).is_finished()
 
 
 def ensure_not_finished(run_dir: str | os.PathLike, overwrite: bool = False) -> Path:
-    """Refuse to write into a finished run unless `overwrite` is explicitly set."""
-    run_dir = run_path(run_dir)
-    if is_finished(run_dir) and not overwrite:
-        raise RunExistsError(
-            f"{run_dir} holds a finished run, which is evidence and is never overwritten; "
-            "choose a new folder or pass --overwrite explicitly"
-        )
-    run_dir.mkdir(parents=True, exist_ok=True)
-    return run_dir
+    """Refuse to write into a finished run unless `overwrite` is explicitly set (then un-finish it)."""
+    return RunFolder(run_dir).open_for_writing(overwrite).path
 
 
 def mark_finished(run_dir: str | os.PathLike, summary: dict | None = None) -> None:
-    atomic_write_text(Path(run_dir) / FINISHED_MARKER, dumps_json(summary or {}))
+    RunFolder(run_dir).mark_finished(summary)

@@ -63,7 +63,7 @@ import torch
 
 from . import data, scoring, state as state_lib, task
 from .config import PresetConfig, get_preset
-from .runs import REPO_ROOT, ensure_not_finished, is_finished, mark_finished, read_json, sha256_file, write_json
+from .runs import REPO_ROOT, RunFolder, is_finished, read_json, run_path, sha256_file, write_json
 from .schedule import warmup_linear_decay, warmup_updates
 
 BRANCHES = ("warm_start", "sft")
@@ -297,6 +297,18 @@ def state_path(run_dir: Path, epoch: int) -> Path:
     return Path(run_dir) / "states" / f"epoch-{epoch}.pt.gz"
 
 
+def _epoch_of(state_file: Path) -> int:
+    """The epoch a state file was saved after, from its name (states/epoch-<k>.pt.gz)."""
+    try:
+        return int(state_file.name.split("-")[1].split(".")[0])
+    except (IndexError, ValueError):
+        raise ValueError(f"{state_file}: not an SFT state name (states/epoch-<k>.pt.gz)") from None
+
+
+# What a fresh attempt clears from an unfinished (or explicitly overwritten) folder.
+ATTEMPT_FILES = ("history.json", "model.safetensors", "manifest.json", "resume_report.json", "states/epoch-*.pt.gz")
+
+
 def start_model_factory(preset: str, branch: str, device: str | None = None) -> tuple[ModelFactory, str]:
     """How a branch gets its starting model: the base (warm start) or the finished warm start (SFT).
 
@@ -371,15 +383,31 @@ def run_branch(
     config = get_preset(config) if isinstance(config, str) else config
     check_branch(branch)
     plan = make_plan(config, branch)
-    run_dir = Path(run_dir) if run_dir is not None else default_run_dir(config.name, branch)
+    folder = RunFolder(run_dir if run_dir is not None else default_run_dir(config.name, branch))
     if stop_after_epochs is not None and not 1 <= stop_after_epochs < plan.epochs:
         raise ValueError(f"stop_after_epochs must lie in 1..{plan.epochs - 1} for {branch}, got {stop_after_epochs}")
-    run_dir = ensure_not_finished(run_dir, overwrite)
     if validation_limit is not None and validation_limit < 1:
         raise ValueError(f"validation_limit {validation_limit}: must be at least 1 (or None for all 200)")
-    if overwrite and resume_from is None:  # (a resumed run may be continuing from this folder's own states)
-        for stale in [run_dir / "FINISHED", run_dir / "resume_report.json", run_dir / "states"]:
-            shutil.rmtree(stale) if stale.is_dir() else stale.unlink(missing_ok=True)
+    if resume_from is not None:
+        resume_from = run_path(resume_from)
+        if not resume_from.is_file():
+            raise FileNotFoundError(f"--resume-from {resume_from}: no such state file (states are in <run>/states/)")
+        data.check_path_access("learning", resume_from)
+    run_dir = folder.open_for_writing(overwrite).path
+    if resume_from is not None and resume_from.parent.parent == run_dir:
+        # Resuming in the run's own folder: states of later epochs belong to a lost attempt.
+        removed = [p for p in folder.states.glob("epoch-*.pt.gz") if _epoch_of(p) > _epoch_of(resume_from)]
+        # and half-written files of a killed write (atomic_write_bytes' temporaries), never read
+        removed += list(folder.path.glob(".*.tmp")) + list(folder.states.glob(".*.tmp"))
+        for path in removed:
+            path.unlink()
+    else:
+        # A fresh start (or a resume into a new folder) must not mix with an earlier attempt's
+        # files: a later resume could pick an old state.
+        removed = folder.clear(ATTEMPT_FILES)
+    if removed:
+        print(f"{run_dir}: removed {len(removed)} file(s) of an earlier, unfinished attempt "
+              f"({', '.join(sorted(str(p.relative_to(run_dir)) for p in removed))})", flush=True)
     began = time.perf_counter()
 
     # Stage 1: the starting model, the data, the plan
@@ -420,8 +448,6 @@ def run_branch(
         data_order = {"epoch": 0, "permutation": [], "cursor": 0}
         resumed = None
     else:
-        resume_from = Path(resume_from)
-        data.check_path_access("learning", resume_from)
         saved, _ = state_lib.load_state(resume_from)
         mismatch = state_lib.compare_states(saved["identity"], identity)
         if not mismatch["equal"]:
@@ -471,6 +497,7 @@ def run_branch(
                 consumed_ids=consumed, identity=identity, progress=progress_state,
             )
             saved_info = state_lib.save_state(state_path(run_dir, epoch), snapshot, evidence={"times": times})
+            folder.register(f"states/epoch-{epoch}.pt.gz", saved_info["sha256"])
             times["state_save_seconds"] = saved_info["save_seconds"]
             state_files[f"states/epoch-{epoch}.pt.gz"] = {k: saved_info[k] for k in ("bytes", "raw_bytes", "sha256")}
             epoch_times.append(times)
@@ -519,11 +546,13 @@ def run_branch(
             t0 = time.perf_counter()
             manifest["validation_greedy"] = greedy_validation(fresh.to(device).eval(), tokenizer, validation)
             manifest["times"]["greedy_validation_seconds"] = time.perf_counter() - t0
-        manifest["files"]["model.safetensors"] = {"bytes": model_path.stat().st_size, "sha256": sha256_file(model_path)}
+        manifest["files"]["model.safetensors"] = folder.register("model.safetensors")
+    folder.register("history.json")
+    manifest["ledger"] = folder.ledger()
     manifest["times"]["total_seconds"] = time.perf_counter() - began
     write_json(run_dir / "manifest.json", manifest)
     if finished:
-        mark_finished(run_dir, {"branch": branch, "final_parameter_digest": final_digest})
+        folder.mark_finished({"branch": branch, "final_parameter_digest": final_digest})
     return manifest
 
 

@@ -44,7 +44,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from .runs import atomic_write_bytes, sha256_bytes
+from .runs import atomic_write_bytes, check_recorded_digest, sha256_bytes
 
 STATE_VERSION = 1
 VERSION_KEY = "labkit_state_version"
@@ -210,6 +210,7 @@ def load_state(path: str | Path) -> tuple[dict, dict]:
     for files this lab wrote locally.
     """
     path = Path(path)
+    check_recorded_digest(path)  # the digest its run folder recorded when it was saved
     blob = path.read_bytes()
     if blob[:2] != b"\x1f\x8b":
         raise StateFileError(f"{path} is not a gzip file, so not a state written by labkit.state.save_state")

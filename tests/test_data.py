@@ -16,7 +16,7 @@ from labkit.task import Problem, solve
 @pytest.fixture(scope="module")
 def splits() -> dict[str, list[dict]]:
     """Statements joined with labels, per split, read the way the scoring phase reads them."""
-    return {split: data.joined(split) for split in data.SPLITS}
+    return {split: data.joined(split, phase="scoring") for split in data.SPLITS}
 
 
 def test_split_sizes(splits):
@@ -132,6 +132,62 @@ def test_what_each_phase_may_open():
         for kind in data.KINDS:
             assert data.open_records(kind, split, "scoring")
     data.check_path_access("learning", Path("runs/tiny/sft/state.pt"))
+
+
+def test_joined_needs_a_named_phase_and_gives_test_labels_to_scoring_only():
+    with pytest.raises(TypeError, match="phase"):
+        data.joined("test")  # no default: a caller says which phase it is
+    with pytest.raises(PhaseError, match="test split is held out"):
+        data.joined("test", phase="learning")
+    with pytest.raises(PhaseError, match="predictions are made from statements only"):
+        data.joined("test", phase="inference")
+    assert len(data.joined("train", phase="learning")) == 1000
+    from labkit import evaluate
+
+    with pytest.raises(PhaseError, match="predictions are made from statements only"):
+        evaluate.load_test_labels(phase="inference")
+    assert len(evaluate.load_test_labels(phase="scoring")) == 200
+
+
+def test_a_copied_evaluation_folder_is_still_an_inference_output(tmp_path):
+    """Recognised by its manifest, not its name: a copy under any name is refused to learning."""
+    copy = tmp_path / "my_notes" / "grpo_outputs"
+    copy.mkdir(parents=True)
+    (copy / "manifest.json").write_text('{"phase": "inference", "policy": "grpo"}')
+    (copy / "predictions-greedy.jsonl.gz").write_bytes(b"")
+    with pytest.raises(PhaseError, match="inference output"):
+        data.check_path_access("learning", copy / "predictions-greedy.jsonl.gz")
+    (copy / "manifest.json").write_text('{"phase": "learning"}')
+    data.check_path_access("learning", copy / "predictions-greedy.jsonl.gz")
+
+
+def test_the_committed_evaluation_manifests_mark_their_phase():
+    from labkit import evaluate
+
+    for policy in evaluate.POLICIES:
+        folder = data.REPO_ROOT / "runs" / "tiny" / "evaluation" / policy
+        assert data.read_json(folder / "manifest.json")["phase"] == "inference"
+
+
+def test_a_flipped_bit_in_a_data_file_is_refused(tmp_path):
+    paths = data.write_dataset(tmp_path)
+    assert data.open_records("labels", "train", "learning", data_dir=tmp_path)
+    path = tmp_path / data.file_name("labels", "train")
+    raw = bytearray(path.read_bytes())
+    raw[len(raw) // 2] ^= 0x04
+    path.write_bytes(bytes(raw))
+    with pytest.raises(data.ArtifactError, match=r"train\.labels\.jsonl has SHA-256 .*SHA256SUMS records"):
+        data.open_records("labels", "train", "learning", data_dir=tmp_path)
+    (tmp_path / data.DIGESTS_FILE).unlink()
+    with pytest.raises(data.ArtifactError, match="SHA256SUMS is missing"):
+        data.open_records("statements", "train", "learning", data_dir=tmp_path)
+    assert len(paths) == 6
+
+
+def test_the_committed_digests_match_the_committed_files():
+    for name, digest in data.recorded_digests().items():
+        assert data.sha256_file(data.DATA_DIR / name) == digest, name
+    assert sorted(data.recorded_digests()) == sorted(data.file_name(k, s) for k in data.KINDS for s in data.SPLITS)
 
 
 def test_phase_error_is_a_permission_error():

@@ -3,7 +3,7 @@
 import pytest
 
 from labkit import exercises
-from labkit.runs import write_json, write_jsonl
+from labkit.runs import RunFolder, write_json
 
 
 def right(rows):
@@ -76,7 +76,9 @@ def test_refuses_bad_return_values_and_reports_errors():
 
 
 def write_run(run_dir, rows, history):
-    write_jsonl(run_dir / "rollouts-001-002.jsonl.gz", rows)
+    folder = RunFolder(run_dir).open_for_writing()
+    for iteration in sorted({r["iteration"] for r in rows}):  # one block per iteration, as the loop appends
+        folder.append("rollouts.jsonl.gz", [r for r in rows if r["iteration"] == iteration])
     write_json(run_dir / "history.json", history)
 
 

@@ -4,17 +4,18 @@ Every run here is a real `python -m labkit grpo` process (tiny preset, one torch
 the committed warm start: the CLI takes no start file) killed with a real SIGKILL, so no
 Python clean-up code runs.  After each kill the run resumes in the *same* folder from the
 newest state that loads, and must end exactly where a continuous run ends: the same final
-model, the same history, and `grpo.read_rollouts` returns the continuous run's rows, each
-rollout once.
+model, the same history, and a rollouts.jsonl.gz byte-identical to the continuous run's:
+every rollout once.
 
 Kill points are chosen by waiting for files, never by sleeping alone:
 
     between iterations        the state of iteration k is in place
-    mid-iteration             a fixed 0.3 s after the state of iteration k (an iteration takes ~1 s)
-    segment, no state         rollouts-00k-00k.jsonl.gz exists, its state not yet (a ~0.3 s gap)
-    a state being written     the temporary `.iter-00k.pt.gz.*.tmp`; it lives only 5-30 ms, too
-                              short to catch by polling, so that process runs the same CLI with
-                              os.fsync held on that file (a slow disk), and is killed there
+    mid-iteration             a fixed 0.1 s after the state of iteration k (an iteration takes ~0.7 s)
+    rows, no state            the ledger (parts.json) counts iteration k's rows, its state not yet
+    inside an append          iteration k's rows are written past the ledger, not yet synced: that
+                              process runs the same CLI with os.fsync held on rollouts.jsonl.gz
+    a state being written     the temporary `.iter-00k.pt.gz.*.tmp` (held the same way: it lives
+                              only 5-30 ms, too short to catch by polling)
     after the last state      the same, with os.fsync held on the final model file
 
 The last tests corrupt copies of a finished run's files (a flipped bit, a cut) and ask for
@@ -45,15 +46,19 @@ CLI = [sys.executable, "-m", "labkit", "grpo", "--preset", "tiny", "--threads", 
        "--iterations", str(N)]
 WAIT_S = 180  # the longest wait for a file before the test fails (a run takes ~10 s)
 
-# The same CLI, with os.fsync held forever on the first file whose name starts with
-# $FI_HOLD_FSYNC: its bytes are written (not yet renamed into place) when the test kills it.
+# The same CLI, with os.fsync held forever on a file whose name starts with $FI_HOLD_FSYNC (after
+# letting $FI_HOLD_SKIP such fsyncs through): its bytes are written, not yet synced or renamed into
+# place, when the test kills it.
 HOLD_FSYNC = textwrap.dedent("""
     import os, sys, time
     prefix, mark = os.environ["FI_HOLD_FSYNC"], os.environ["FI_HOLD_MARK"]
+    skip = [int(os.environ["FI_HOLD_SKIP"])]
     real_fsync = os.fsync
     def fsync(fd):
         name = os.path.basename(os.readlink(f"/proc/self/fd/{fd}"))
-        if name.startswith(prefix):
+        if name.startswith(prefix) and skip[0] > 0:
+            skip[0] -= 1
+        elif name.startswith(prefix):
             with open(mark, "w") as f:
                 f.write(name)
             time.sleep(3600)
@@ -70,15 +75,16 @@ HOLD_FSYNC = textwrap.dedent("""
 class Run:
     """One `labkit grpo` child process writing into `folder`, its output in a log file."""
 
-    def __init__(self, folder: Path, log: Path, args: list[str], hold_fsync: str | None = None):
+    def __init__(self, folder: Path, log: Path, args: list[str], hold_fsync: str | None = None, skip: int = 0,
+                 cli: list[str] = CLI):
         self.folder, self.log = folder, log
         env = {**os.environ, "PYTHONUNBUFFERED": "1"}
         env.pop("LABKIT_TRACEBACK", None)
-        command = CLI + ["--run-dir", str(folder), *args]
+        command = cli + ["--run-dir", str(folder), *args]
         self.mark, self.hold = None, hold_fsync
         if hold_fsync is not None:
             self.mark = log.with_suffix(".held")
-            env.update(FI_HOLD_FSYNC=hold_fsync, FI_HOLD_MARK=str(self.mark))
+            env.update(FI_HOLD_FSYNC=hold_fsync, FI_HOLD_MARK=str(self.mark), FI_HOLD_SKIP=str(skip))
             command = [sys.executable, "-c", HOLD_FSYNC, *command[3:]]  # drop "-m labkit"
         with open(log, "wb") as out:
             self.proc = subprocess.Popen(command, cwd=REPO_ROOT, env=env, stdout=out, stderr=subprocess.STDOUT)
@@ -128,8 +134,8 @@ def launch(tmp_path):
     """Start runs; any still alive when the test ends (a failure) is killed, by its own pid."""
     started: list[Run] = []
 
-    def start(folder: Path, *args: str, hold_fsync: str | None = None) -> Run:
-        run = Run(folder, tmp_path / f"run-{len(started)}.log", list(args), hold_fsync)
+    def start(folder: Path, *args: str, hold_fsync: str | None = None, skip: int = 0, cli: list[str] = CLI) -> Run:
+        run = Run(folder, tmp_path / f"run-{len(started)}.log", list(args), hold_fsync, skip, cli)
         started.append(run)
         return run
 
@@ -162,6 +168,20 @@ def names(folder: Path, pattern: str) -> list[str]:
     return sorted(p.name for p in folder.glob(pattern))
 
 
+def ledger_rows(folder: Path, part: str = "rollouts.jsonl.gz") -> int:
+    """The rows the unfinished run's ledger counts in `part` (0 before its first append)."""
+    try:
+        return read_json(folder / "parts.json")["parts"].get(part, {}).get("rows", 0)
+    except (FileNotFoundError, ArtifactError):  # not yet written
+        return 0
+
+
+def cut_or_removed(output: str) -> list[str]:
+    """The files a resume reported cutting back or removing."""
+    found = re.search(r"removed or cut \d+ file\(s\) of an earlier, unfinished attempt \(([^)]*)\)", output)
+    return found.group(1).split(", ") if found else []
+
+
 def assert_equals_continuous(folder: Path, reference: dict) -> None:
     """Finished, same final model and history, and exactly the continuous run's rollouts, each once."""
     assert is_finished(folder)
@@ -175,10 +195,9 @@ def assert_equals_continuous(folder: Path, reference: dict) -> None:
     assert len(ids) == len(set(ids)) == N * ROWS_PER_ITERATION
     assert [r["iteration"] for r in rows] == [k for k in range(1, N + 1) for _ in range(ROWS_PER_ITERATION)]
     assert rows == reference["rows"]
-    # every iteration's timings once, from contiguous segments
-    timings = [t["iteration"] for p in sorted(folder.glob("timings-*.json"), key=grpo.segment_range)
-               for t in read_json(p)]
-    assert timings == list(range(1, N + 1))
+    assert (folder / "rollouts.jsonl.gz").read_bytes() == (reference["folder"] / "rollouts.jsonl.gz").read_bytes()
+    # every iteration's timings once
+    assert [t["iteration"] for t in grpo.read_timings(folder)] == list(range(1, N + 1))
     assert all(iteration_of(p) <= N for p in (folder / "states").glob("iter-*.pt.gz"))
 
 
@@ -232,31 +251,37 @@ def test_repeated_kills_at_awkward_moments_then_resume_in_place(tmp_path, launch
     run.wait_for_file("states/iter-001.pt.gz")
     time.sleep(0.1)
     run.kill9()
-    assert names(folder, "rollouts-*") == ["rollouts-001-001.jsonl.gz"], "the kill came after iteration 2 ended"
+    assert ledger_rows(folder) == ROWS_PER_ITERATION, "the kill came after iteration 2's rows were written"
     state = newest_loadable_state(folder)
     assert iteration_of(state) == 1
 
-    # b. iteration 2's rollouts are written, its state not yet (nor, perhaps, its timings)
+    # b. iteration 2's rows are appended and counted, its state not yet written
     run = launch(folder, *states, "--resume-from", str(state))
-    run.wait_for_file("rollouts-002-002.jsonl.gz")
+    run.wait_for("iteration 2's rows in the ledger", lambda: ledger_rows(folder) == 2 * ROWS_PER_ITERATION)
     run.kill9()
     assert not (folder / "states" / "iter-002.pt.gz").exists(), "the kill came after the state was written"
     state = newest_loadable_state(folder)
     assert iteration_of(state) == 1
 
-    # c. while the state of iteration 3 is being written (its bytes in the temporary file, not renamed)
+    # c. inside the append of iteration 2's rows: written past the ledger, not yet synced (the first
+    #    fsync of the file is the resume's own, when it cuts b's rows back: it is let through)
+    run = launch(folder, *states, "--resume-from", str(state), hold_fsync="rollouts.jsonl.gz", skip=1)
+    run.wait_until_held()
+    run.kill9()
+    assert "rollouts.jsonl.gz" in cut_or_removed(run.output()), run.output()  # b's iteration 2, cut back
+    listed = read_json(folder / "parts.json")["parts"]["rollouts.jsonl.gz"]
+    assert listed["rows"] == ROWS_PER_ITERATION and (folder / "rollouts.jsonl.gz").stat().st_size > listed["bytes"]
+    state = newest_loadable_state(folder)
+    assert iteration_of(state) == 1
+
+    # d. while the state of iteration 3 is being written (its bytes in the temporary file, not renamed)
     run = launch(folder, *states, "--resume-from", str(state), hold_fsync=".iter-003.pt.gz.")
     held = run.wait_until_held()
     run.kill9()
-    # b's segment 2 is dropped: its rollouts, and its timings if b lived long enough to write them
-    # (complete, or as the temporary file of a write the kill interrupted)
-    removed = re.search(r"removed ([123]) file\(s\) of an earlier, unfinished attempt \(([^)]*)\)", run.output())
-    assert removed and "rollouts-002-002.jsonl.gz" in removed.group(2).split(", "), run.output()
-    assert all(name.startswith(("rollouts-002-002", "timings-002-002", ".timings-002-002"))
-               for name in removed.group(2).split(", ")), run.output()
+    assert "rollouts.jsonl.gz" in cut_or_removed(run.output()), run.output()  # c's unsynced tail, cut off
     assert (folder / "states" / held).stat().st_size > 0
     assert not (folder / "states" / "iter-003.pt.gz").exists()
-    assert "rollouts-003-003.jsonl.gz" in names(folder, "rollouts-*")  # the segment goes before its state
+    assert ledger_rows(folder) == 3 * ROWS_PER_ITERATION  # the rows go before their state
     state = newest_loadable_state(folder)
     assert iteration_of(state) == 2
 
@@ -280,13 +305,13 @@ def test_repeated_kills_at_awkward_moments_then_resume_in_place(tmp_path, launch
 def test_a_fresh_start_after_stop_after_leaves_no_duplicate_rollouts(tmp_path, launch, reference):
     folder = tmp_path / "run"
     launch(folder, "--stop-after", "2", "--save-states-at", "1").finish()
-    assert names(folder, "rollouts-*") == ["rollouts-001-001.jsonl.gz", "rollouts-002-002.jsonl.gz"]
+    assert ledger_rows(folder) == 2 * ROWS_PER_ITERATION
     assert (folder / "stopped-at-002.json").exists() and not is_finished(folder)
 
     output = launch(folder, "--save-states-at", EVERY_ITERATION).finish()  # from scratch, no --resume-from
-    assert "removed 7 file(s) of an earlier, unfinished attempt" in output  # 2 + 2 segment files, 2 states, stopped-at
+    assert sorted(cut_or_removed(output)) == ["parts.json", "rollouts.jsonl.gz", "states/iter-001.pt.gz",
+                                              "states/iter-002.pt.gz", "stopped-at-002.json", "timings.jsonl"]
     assert_equals_continuous(folder, reference)
-    assert names(folder, "rollouts-*") == names(reference["folder"], "rollouts-*")
     assert names(folder, "states/*") == names(reference["folder"], "states/*")
     assert names(folder, "stopped-at-*") == []
 
@@ -300,11 +325,12 @@ def flip_bit(path: Path, position: int) -> None:
     path.write_bytes(bytes(data))
 
 
-def copy_segments(reference: dict, folder: Path) -> Path:
+def copy_run(reference: dict, folder: Path) -> Path:
+    """A copy of the finished run's rollouts with the manifest and marker that list them."""
     folder.mkdir()
-    for path in reference["folder"].glob("rollouts-*.jsonl.gz"):
-        shutil.copyfile(path, folder / path.name)
-    return folder / "rollouts-002-002.jsonl.gz"
+    for name in ("rollouts.jsonl.gz", "manifest.json", "FINISHED"):
+        shutil.copyfile(reference["folder"] / name, folder / name)
+    return folder / "rollouts.jsonl.gz"
 
 
 @pytest.mark.parametrize("where", ["gzip magic", "deflate start", "middle", "crc32 trailer", "size trailer"])
@@ -339,43 +365,93 @@ def test_resuming_from_a_damaged_state_fails_in_one_line_naming_the_file(tmp_pat
     assert output.strip().startswith("error: ") and str(path) in output, output
 
 
-@pytest.mark.parametrize("where", ["crc32 trailer", "size trailer"])
-def test_a_flipped_bit_in_a_segment_trailer_is_refused_naming_the_file(tmp_path, reference, where):
-    path = copy_segments(reference, tmp_path / "run")
-    size = path.stat().st_size
-    flip_bit(path, size - 6 if where == "crc32 trailer" else size - 2)
-    with pytest.raises(ArtifactError, match=f"{path} is not a complete gzip file"):
-        grpo.read_rollouts(path.parent)
-
-
-def test_every_flipped_bit_in_a_segment_is_refused_naming_the_file_or_harmless(tmp_path, reference):
-    """One bit of each byte in turn.  A flip that leaves the data as it was is harmless (bytes 4-9
-    of the gzip header: mtime, flags, OS; the padding bits after deflate's last block): the rows
-    read back unchanged.  Any flip that changes what is read must be refused, naming the file."""
-    path = copy_segments(reference, tmp_path / "run")
+def test_every_flipped_bit_in_the_rollouts_is_refused_naming_the_file(tmp_path, reference):
+    """One bit of each byte in turn: the ledger's digest refuses every one, even those that gzip
+    itself would read back unchanged (the header's mtime and flags, deflate's padding bits)."""
+    path = copy_run(reference, tmp_path / "run")
     clean = path.read_bytes()
     for position in range(len(clean)):
         path.write_bytes(clean)
         flip_bit(path, position)
-        try:
-            rows = grpo.read_rollouts(path.parent)
-        except ArtifactError as err:
-            assert str(path) in str(err), (position, err)
-        else:
-            assert rows == reference["rows"], f"a flip at byte {position} changed the rows and was read back"
+        with pytest.raises(ArtifactError, match=f"{path} has SHA-256 .* but the ledger recorded"):
+            grpo.read_rollouts(path.parent)
+    path.write_bytes(clean)
+    assert grpo.read_rollouts(path.parent) == reference["rows"]
 
 
-def test_a_truncated_segment_is_refused_naming_the_file(tmp_path, reference):
-    path = copy_segments(reference, tmp_path / "run")
+def test_truncated_or_missing_rollouts_are_refused_naming_the_file(tmp_path, reference):
+    path = copy_run(reference, tmp_path / "run")
     data = path.read_bytes()
     path.write_bytes(data[: len(data) // 2])
-    with pytest.raises(ArtifactError, match=f"{path} is not a complete gzip file"):
+    with pytest.raises(ArtifactError, match=f"{path} has SHA-256"):
+        grpo.read_rollouts(path.parent)
+    path.unlink()
+    with pytest.raises(ArtifactError, match=f"{path} is missing, but the ledger lists it with 64 rows"):
         grpo.read_rollouts(path.parent)
 
 
-def test_a_missing_segment_is_refused_naming_the_next_one(tmp_path, reference):
-    path = copy_segments(reference, tmp_path / "run")
-    path.unlink()  # iteration 2's rollouts
-    with pytest.raises(ArtifactError, match="rollouts-003-003.jsonl.gz: starts at iteration 3, but the segments "
-                                            "before it end at 1"):
-        grpo.read_rollouts(path.parent)
+def test_a_state_whose_bytes_differ_from_the_ledger_is_refused_in_one_line(tmp_path, launch, reference):
+    """A flip that gzip cannot see (the header's mtime byte): the ledger's digest still refuses it."""
+    folder = tmp_path / "run"
+    launch(folder, "--stop-after", "2", "--save-states-at", "1").finish()
+    path = folder / "states" / "iter-001.pt.gz"
+    flip_bit(path, 4)
+    run = launch(folder, "--resume-from", str(path))
+    run.proc.wait(timeout=300)
+    output = run.output()
+    assert run.proc.returncode == 2 and "Traceback" not in output, output
+    assert output.strip().startswith(f"error: {path} has SHA-256") and "parts.json records" in output, output
+
+
+# -- 5. the SFT loop: kill -9 mid-epoch and during a state write, resume in place -----------------------
+
+# The warm start (3 epochs of 16 updates) with a short validation, so each process takes ~10 s.
+SFT_CLI = [sys.executable, "-m", "labkit", "warm-start", "--preset", "tiny", "--threads", "1", "--no-progress",
+           "--validation-limit", "4", "--no-greedy-eval"]
+
+
+def test_sft_killed_mid_epoch_and_during_a_state_write_resumes_to_the_continuous_run(tmp_path, launch):
+    continuous = tmp_path / "continuous"
+    launch(continuous, cli=SFT_CLI).finish()
+    folder = tmp_path / "run"
+
+    # a. 0.3 s into epoch 2 (an epoch takes ~2 s): only epoch 1's state is on disk
+    run = launch(folder, cli=SFT_CLI)
+    run.wait_for_file("states/epoch-1.pt.gz")
+    time.sleep(0.3)
+    run.kill9()
+    assert sorted(p.name for p in (folder / "states").iterdir()) == ["epoch-1.pt.gz"]
+
+    # b. while epoch 2's state is being written (bytes in the temporary file, not renamed)
+    run = launch(folder, "--resume-from", str(folder / "states" / "epoch-1.pt.gz"), hold_fsync=".epoch-2.pt.gz.",
+                 cli=SFT_CLI)
+    held = run.wait_until_held()
+    run.kill9()
+    assert (folder / "states" / held).exists() and not (folder / "states" / "epoch-2.pt.gz").exists()
+
+    # c. resumed from epoch 1 again: the temporary is removed, epochs 2 and 3 rerun
+    output = launch(folder, "--resume-from", str(folder / "states" / "epoch-1.pt.gz"), cli=SFT_CLI).finish()
+    assert f"(states/{held})" in output, output
+    assert is_finished(folder)
+    assert sha256_file(folder / "model.safetensors") == sha256_file(continuous / "model.safetensors")
+    assert read_json(folder / "history.json") == read_json(continuous / "history.json")
+    for epoch in (1, 2, 3):
+        a, _ = state_lib.load_state(folder / "states" / f"epoch-{epoch}.pt.gz")
+        b, _ = state_lib.load_state(continuous / "states" / f"epoch-{epoch}.pt.gz")
+        assert state_lib.compare_states(a, b)["equal"], epoch
+    assert sorted(p.name for p in (folder / "states").iterdir()) == ["epoch-1.pt.gz", "epoch-2.pt.gz", "epoch-3.pt.gz"]
+    ledger = read_json(folder / "manifest.json")["ledger"]
+    assert sorted(ledger["files"]) == ["history.json", "model.safetensors", "states/epoch-1.pt.gz",
+                                       "states/epoch-2.pt.gz", "states/epoch-3.pt.gz"]
+
+
+def test_sft_refuses_a_state_whose_bytes_differ_from_its_ledger(tmp_path, launch):
+    folder = tmp_path / "run"
+    launch(folder, "--stop-after-epochs", "1", cli=SFT_CLI).finish()
+    path = folder / "states" / "epoch-1.pt.gz"
+    flip_bit(path, 4)  # the gzip header's mtime: gzip itself would not notice
+    run = launch(folder, "--resume-from", str(path), cli=SFT_CLI)
+    run.proc.wait(timeout=300)
+    output = run.output()
+    assert run.proc.returncode == 2 and "Traceback" not in output, output
+    assert output.strip().startswith(f"error: {path} has SHA-256"), output

@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from labkit import grpo, models, state as state_lib
+from labkit.runs import sha256_file
 from labkit.config import TINY
 
 
@@ -107,16 +108,33 @@ def test_a_fresh_start_in_an_unfinished_folder_leaves_no_old_rollouts(tmp_path, 
     run(folder, start_file)
     rows = grpo.read_rollouts(folder)
     assert len(rows) == 24 and len({r["rollout_id"] for r in rows}) == 24
-    assert sorted(p.name for p in folder.glob("rollouts-*")) == ["rollouts-001-003.jsonl.gz"]
     assert sorted(p.name for p in (folder / "states").iterdir()) == ["iter-003.pt.gz"]
+    assert not list(folder.glob("stopped-at-*")), "the earlier attempt's stop marker is gone"
+    ledger = json.loads((folder / "manifest.json").read_text())["ledger"]
+    assert ledger["parts"]["rollouts.jsonl.gz"]["rows"] == 24 and ledger["parts"]["timings.jsonl"]["rows"] == 3
+    assert sorted(ledger["files"]) == ["history.json", "model.safetensors", "states/iter-003.pt.gz"]
 
 
-def test_overlapping_segments_are_refused(tmp_path, start_file):
+def test_a_file_the_ledger_does_not_list_is_ignored_and_a_changed_part_refused(tmp_path, start_file):
     folder = tmp_path / "run"
     run(folder, start_file)
-    (folder / "rollouts-002-003.jsonl.gz").write_bytes((folder / "rollouts-001-003.jsonl.gz").read_bytes())
-    with pytest.raises(grpo.ArtifactError, match="starts at iteration 2, but the segments before it end at 3"):
+    # a stray copy beside the real part (what globbing readers once merged) is not part of the run
+    (folder / "rollouts-old.jsonl.gz").write_bytes((folder / "rollouts.jsonl.gz").read_bytes())
+    assert len(grpo.read_rollouts(folder)) == 24
+    # an extra block appended to the real part changes its digest: refused, naming the file
+    grpo.RunFolder(folder).path.joinpath("rollouts.jsonl.gz").open("ab").write(
+        __import__("gzip").compress(b'{"rollout_id": "x"}\n'))
+    with pytest.raises(grpo.ArtifactError, match=r"rollouts\.jsonl\.gz has SHA-256 .* but the ledger recorded"):
         grpo.read_rollouts(folder)
+
+
+def test_the_rollouts_of_a_resumed_run_are_byte_identical_to_the_continuous_run(tmp_path, start_file):
+    run(tmp_path / "continuous", start_file)
+    folder = tmp_path / "killed"
+    run(folder, start_file, stop_after=2, save_states_at=(1,))
+    run(folder, start_file, resume_from=grpo.state_path(folder, 1))  # back to iteration 1: 2 is redone
+    assert (folder / "rollouts.jsonl.gz").read_bytes() == (tmp_path / "continuous" / "rollouts.jsonl.gz").read_bytes()
+    assert [t["iteration"] for t in grpo.read_timings(folder)] == [1, 2, 3]
 
 
 def test_a_finished_run_named_through_a_missing_folder_is_still_refused(tmp_path, start_file):
@@ -132,3 +150,39 @@ def test_a_corrupted_start_file_is_refused(tmp_path, start_file):
     bad.write_bytes(bytes(data))
     with pytest.raises(ValueError, match="corrupted or changed after it was saved"):
         grpo.run_grpo(SMALL, tmp_path / "run", group_size=2, iterations=1, start_file=bad, progress=False)
+
+
+def test_a_start_file_that_differs_from_its_producers_record_is_refused(tmp_path, start_file):
+    """A valid model file put where the warm start was: its own digest is fine, its producer's record is not."""
+    warm = tmp_path / "tiny" / "warm_start"
+    warm.mkdir(parents=True)
+    (warm / "model.safetensors").write_bytes(start_file.read_bytes())
+    recorded = grpo.RunFolder(warm).register("model.safetensors")["sha256"]
+    (warm / "manifest.json").write_text(json.dumps({"ledger": json.loads((warm / "parts.json").read_text())}))
+    (warm / "parts.json").unlink()
+    models.save_model(models.new_tiny_model(seed=4), warm / "model.safetensors")
+    with pytest.raises(grpo.ArtifactError) as refused:
+        grpo.run_grpo(SMALL, tmp_path / "run", group_size=2, iterations=1, start_file=warm / "model.safetensors",
+                      progress=False)
+    message = str(refused.value)
+    assert recorded in message and sha256_file(warm / "model.safetensors") in message
+    assert "python -m labkit warm-start --preset tiny --overwrite" in message
+    assert not (tmp_path / "run" / "rollouts.jsonl.gz").exists(), "refused before any work"
+
+
+def test_a_state_with_a_flipped_bit_is_refused_by_its_ledger(tmp_path, start_file):
+    folder = tmp_path / "run"
+    run(folder, start_file, stop_after=2, save_states_at=(1,))
+    state = grpo.state_path(folder, 1)
+    data = bytearray(state.read_bytes())
+    data[len(data) // 2] ^= 0x01
+    state.write_bytes(bytes(data))
+    with pytest.raises(grpo.ArtifactError, match=r"iter-001\.pt\.gz has SHA-256 .* records"):
+        run(folder, start_file, resume_from=state)
+
+
+def test_a_link_to_a_finished_run_is_refused(tmp_path, start_file):
+    run(tmp_path / "run", start_file)
+    (tmp_path / "link").symlink_to(tmp_path / "run")
+    with pytest.raises(FileExistsError, match="never overwritten"):
+        run(tmp_path / "link", start_file)
