@@ -31,7 +31,7 @@ def test_counts_roles_and_rollout_records(tmp_path, start_file):
     # 3 iterations x 4 prompts x G=2 = 24 rollouts, 3 x 2 = 6 updates
     assert manifest["rollouts"] == 24 and manifest["updates"] == 6
     assert manifest["reference_digest"] == manifest["identity"]["start_digest"]
-    assert manifest["final_digest"] != manifest["reference_digest"], "200 updates' worth of lr must move the policy"
+    assert manifest["final_digest"] != manifest["reference_digest"], "6 updates' worth of lr must move the policy"
     rows = grpo.read_rollouts(tmp_path / "run")
     assert len(rows) == 24 and len({r["rollout_id"] for r in rows}) == 24
     for key in ("rollout_id", "iteration", "problem_id", "response_ids", "text", "finish_reason",
