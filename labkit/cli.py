@@ -429,7 +429,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 # What a user's mistake raises: shown as one line naming the value and the rule, not a traceback.
 # (LABKIT_TRACEBACK=1 shows the traceback, for debugging the lab itself.)
-USER_ERRORS = (FileExistsError, FileNotFoundError, ValueError)
+USER_ERRORS = (FileExistsError, FileNotFoundError, ValueError, PermissionError)  # PermissionError: labkit.data.PhaseError
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -55,10 +55,8 @@ evidence and is never overwritten unless `overwrite=True`.
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import math
-import os
 import sys
 import time
 from collections import Counter
@@ -67,7 +65,7 @@ from pathlib import Path
 
 import torch
 
-from . import data, scoring, verifier
+from . import data, runtime, scoring, verifier
 from .config import get_preset
 from .runs import (FINISHED_MARKER, REPO_ROOT, dumps_json, ensure_not_finished, is_finished, mark_finished,
                    read_json, read_jsonl, sha256_file, write_json, write_jsonl)
@@ -196,25 +194,6 @@ def check_policy(policy: str) -> None:
 # --- 3. Inference -------------------------------------------------------------------------------
 
 
-@contextlib.contextmanager
-def _deterministic_where_possible(device: str):
-    """Deterministic kernels where PyTorch has them, a warning (not an error) where it does not.
-
-    Evaluation only reads the model: an op without a deterministic CUDA kernel must
-    not abort the run after minutes of generation, so this is `warn_only`, and the
-    manifest says so.  The caller's setting is restored afterwards.
-    """
-    previous, previous_warn = torch.are_deterministic_algorithms_enabled(), \
-        torch.is_deterministic_algorithms_warn_only_enabled()
-    if device.startswith("cuda"):
-        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")  # cuBLAS determinism; read at first use
-    torch.use_deterministic_algorithms(True, warn_only=True)
-    try:
-        yield
-    finally:
-        torch.use_deterministic_algorithms(previous, warn_only=previous_warn)
-
-
 def _reset_peak_memory(device: str) -> None:
     if device.startswith("cuda"):
         torch.cuda.reset_peak_memory_stats(device)
@@ -306,7 +285,6 @@ def run_inference(preset: str, policy: str, *, state_file: str | Path | None = N
     evaluation unless `overwrite`.  Raises ValueError if the policy's digest changes.
     """
     from . import models, sampling
-    from .sft import environment
 
     check_policy(policy)
     sampling.get_sampler(sampler)  # refuse an unknown sampler before any work
@@ -332,8 +310,8 @@ def run_inference(preset: str, policy: str, *, state_file: str | Path | None = N
 
     # Stage 2: each mode, timed, with its peak memory; the digest re-checked after each.
     rows, costs = {}, {"device": device, "load_seconds": load_seconds, "digest_seconds": digest_seconds}
-    with _deterministic_where_possible(device):
-        env = {**environment(device), "deterministic_algorithms": "warn_only"}
+    with runtime.deterministic(device, warn_only=True):
+        env = {**runtime.environment(device), "deterministic_algorithms": "warn_only"}
         for mode in MODES:
             _reset_peak_memory(device)
             start = time.perf_counter()

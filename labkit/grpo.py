@@ -39,7 +39,8 @@ from . import data, losses, sampling, scoring, state as state_lib, task
 from .config import PresetConfig, get_preset
 from .runs import REPO_ROOT, ArtifactError, RunFolder, is_finished, read_json, run_path, write_json
 from .schedule import warmup_linear_decay
-from .sft import code_digests, data_digests, deterministic_algorithms, environment, seed_everything
+from .runtime import code_digests, data_digests, environment, seed_everything
+from .runtime import deterministic as deterministic_algorithms
 
 # The prompt order and the sampling seeds come from two generators of their own,
 # seeded apart from each other and from the SFT branches.
@@ -512,96 +513,50 @@ def resume_check(
     device: str | None = None,
     overwrite: bool = False,
 ) -> dict:
-    """Continuous run vs stop-after-`stop_at` + resume: every tensor and field must be equal.
-
-    1. the continuous run is the real run in `run_dir` (it must be finished);
-    2. a second run from the same start stops after `stop_at` iterations, in a fresh
-       `python -m labkit grpo` process, into `scratch_dir/stop`;
-    3. another fresh process resumes from that state to the end, into `scratch_dir/resume`;
-    4. the end states are compared exactly (model, AdamW, schedule position, prompt
-       order, generation RNG, system RNGs, history, consumed ids), and so are the
-       rollouts of the resumed iterations and the final model files.  The report goes
-       to `run_dir/resume_report.json`; its top-level `equal` is True only when every
-       compared field is equal.  Its cost is reported apart from the continuous run's.
-    """
-    import shutil
+    """Continuous run vs stop-after-`stop_at` + resume, each in a fresh `python -m labkit grpo`
+    process (`labkit.resume`): the end states (model, AdamW, schedule position, prompt order,
+    generation RNG, system RNGs, history, consumed ids), the final model files and the rollouts
+    of the resumed iterations must all be equal.  Report: `run_dir/resume_report.json`."""
     import subprocess
     import sys
 
+    from . import resume
     from .runs import sha256_file
 
     config = get_preset(config) if isinstance(config, str) else config
     G = group_size or config.group_size
     run_dir = Path(run_dir or default_run_dir(config.name, G))
-    scratch_dir = Path(scratch_dir or REPO_ROOT / "runs" / "scratch" / config.name / run_dir.name)
-    report_path = run_dir / "resume_report.json"
     if not is_finished(run_dir):
         raise FileNotFoundError(f"{run_dir} is not a finished run; the check compares against it")
-    if not state_path(run_dir, read_json(run_dir / "manifest.json")["identity"]["iterations"]).is_file():
-        raise FileNotFoundError(f"{run_dir} has no end state in states/ (a fresh clone does not keep states): the "
-                                "check compares end states, so rerun the GRPO run into a new folder first")
-    if report_path.exists() and not overwrite:
-        raise FileExistsError(f"{report_path} exists; a resume report is evidence (pass --overwrite to redo it)")
     continuous = read_json(run_dir / "manifest.json")
-    if continuous.get("resumed_from"):
-        raise ValueError(f"{run_dir} was itself resumed; the check compares a continuous run with a resumed one")
     total = continuous["identity"]["iterations"]
+    resume.check_preconditions(run_dir, continuous, state_path(run_dir, total), run_dir / "resume_report.json",
+                               overwrite)
     if not 0 < stop_at < total:
         raise ValueError(f"stop_at must lie in 1..{total - 1}, got {stop_at}")
     threads = continuous["environment"]["torch_threads"]
-    shutil.rmtree(scratch_dir, ignore_errors=True)
-    stop_dir, resume_dir = scratch_dir / "stop", scratch_dir / "resume"
-    base = [sys.executable, "-m", "labkit", "grpo", "--preset", config.name, "--group-size", str(G),
-            "--iterations", str(total), "--threads", str(threads), "--sampler", sampler, "--no-progress"]
-    if device:
-        base += ["--device", device]
+    command = [sys.executable, "-m", "labkit", "grpo", "--preset", config.name, "--group-size", str(G),
+               "--iterations", str(total), "--threads", str(threads), "--sampler", sampler, "--no-progress",
+               *(["--device", device] if device else [])]
 
-    t0 = time.perf_counter()
-    subprocess.run(base + ["--run-dir", str(stop_dir), "--stop-after", str(stop_at)], check=True, cwd=REPO_ROOT)
-    stop_seconds = time.perf_counter() - t0
-    t0 = time.perf_counter()
-    boundary = state_path(stop_dir, stop_at)
-    subprocess.run(base + ["--run-dir", str(resume_dir), "--resume-from", str(boundary)], check=True, cwd=REPO_ROOT)
-    resume_seconds = time.perf_counter() - t0
+    def stop(folder: Path) -> Path:
+        subprocess.run(command + ["--run-dir", str(folder), "--stop-after", str(stop_at)], check=True, cwd=REPO_ROOT)
+        return state_path(folder, stop_at)
 
-    t0 = time.perf_counter()
-    end_a, end_b = state_path(run_dir, total), state_path(resume_dir, total)
-    a, _ = state_lib.load_state(end_a)
-    b, _ = state_lib.load_state(end_b)
-    a["final_model_sha256"] = sha256_file(run_dir / "model.safetensors")
-    b["final_model_sha256"] = sha256_file(resume_dir / "model.safetensors")
-    # the rollouts of the resumed iterations, every field (no timings are stored in them)
-    a["rollouts_after_stop"] = [r for r in read_rollouts(run_dir) if r["iteration"] > stop_at]
-    b["rollouts_after_stop"] = read_rollouts(resume_dir)
-    end = state_lib.compare_states(a, b)
-    del a, b
-    compare_seconds = time.perf_counter() - t0
-    report = {
-        "equal": end["equal"],
-        "preset": config.name,
-        "group_size": G,
-        "boundary": f"after iteration {stop_at} of {total} (both updates done, state saved)",
-        "continuous_state": str(end_a.relative_to(run_dir)),
-        "resumed_state": f"scratch: {end_b.relative_to(scratch_dir)} (not kept)",
-        "fresh_process": True,
-        "torch_threads": threads,
-        "timings_compared": False,
-        "end_state": end,
-        "cost": {
-            "continuous_run_seconds": continuous["seconds"],
-            "extra_for_the_check": {
-                "stop_run_seconds": stop_seconds,
-                "resume_run_seconds": resume_seconds,
-                "compare_seconds": compare_seconds,
-                "total_seconds": stop_seconds + resume_seconds + compare_seconds,
-                "extra_iterations": total,
-            },
-        },
-        "state_bytes": {
-            "continuous_end": end_a.stat().st_size,
-            "stop_boundary": boundary.stat().st_size,
-            "resumed_end": end_b.stat().st_size,
-        },
-    }
-    write_json(report_path, report)
-    return report
+    def resume_into(folder: Path, boundary: Path) -> None:
+        subprocess.run(command + ["--run-dir", str(folder), "--resume-from", str(boundary)], check=True, cwd=REPO_ROOT)
+
+    def extras(folder: Path, is_continuous: bool) -> dict:
+        # the final model file, and the rollouts of the resumed iterations, every field
+        rows = read_rollouts(folder)
+        return {"final_model_sha256": sha256_file(folder / "model.safetensors"),
+                "rollouts_after_stop": [r for r in rows if r["iteration"] > stop_at] if is_continuous else rows}
+
+    return resume.run_resume_check(resume.ResumeCheck(
+        run_dir=run_dir,
+        scratch_dir=Path(scratch_dir or REPO_ROOT / "runs" / "scratch" / config.name / run_dir.name),
+        end_state=lambda folder: state_path(folder, total), stop=stop, resume=resume_into, extras=extras,
+        boundary=f"after iteration {stop_at} of {total} (both updates done, state saved)",
+        facts={"preset": config.name, "group_size": G}, continuous_seconds=continuous["seconds"],
+        extra_work={"extra_iterations": total},
+    ), threads)

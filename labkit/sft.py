@@ -45,12 +45,7 @@ state), and `FINISHED`.  `resume_check` adds `resume_report.json`.
 
 from __future__ import annotations
 
-import contextlib
 import math
-import os
-import platform
-import random
-import shutil
 import subprocess
 import sys
 import time
@@ -58,12 +53,13 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-import numpy as np
 import torch
 
 from . import data, scoring, state as state_lib, task
 from .config import PresetConfig, get_preset
 from .runs import REPO_ROOT, RunFolder, is_finished, read_json, run_path, sha256_file, write_json
+from .runtime import code_digests, data_digests, environment, seed_everything
+from .runtime import deterministic as deterministic_algorithms
 from .schedule import warmup_linear_decay, warmup_updates
 
 BRANCHES = ("warm_start", "sft")
@@ -71,7 +67,6 @@ BRANCHES = ("warm_start", "sft")
 # two branches never share a permutation stream.
 DATA_ORDER_SEED_OFFSET = {"warm_start": 101, "sft": 202}
 VALIDATION_BATCH = 50
-DATA_FILES = ("train.statements.jsonl", "train.labels.jsonl", "validation.statements.jsonl", "validation.labels.jsonl")
 
 ModelFactory = Callable[[], tuple[torch.nn.Module, object]]
 
@@ -232,61 +227,6 @@ def greedy_validation(model, tokenizer, examples: list[Example], sampler: str = 
         "mean_response_tokens": sum(len(r.response_ids) for r in rollouts) / len(rollouts),
         "reasons": dict(sorted(reasons.items())),
     }
-
-
-# -- 4. Helpers: determinism, digests, environment -------------------------------------------------
-
-
-@contextlib.contextmanager
-def deterministic_algorithms():
-    """`torch.use_deterministic_algorithms(True)` inside, the caller's setting restored after."""
-    previous = torch.are_deterministic_algorithms_enabled()
-    if torch.cuda.is_available():
-        # cuBLAS needs a fixed workspace to be deterministic; must be set before its first use
-        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
-    torch.use_deterministic_algorithms(True)
-    try:
-        yield
-    finally:
-        torch.use_deterministic_algorithms(previous)
-
-
-def seed_everything(seed: int) -> None:
-    """Python, NumPy and Torch (CPU and CUDA) global RNGs."""
-    random.seed(seed)
-    np.random.seed(seed % 2**32)
-    torch.manual_seed(seed)
-
-
-def code_digests() -> dict[str, str]:
-    """SHA-256 of every labkit/*.py file, by relative path."""
-    root = REPO_ROOT / "labkit"
-    return {f"labkit/{p.name}": sha256_file(p) for p in sorted(root.glob("*.py"))}
-
-
-def data_digests() -> dict[str, str]:
-    return {name: sha256_file(data.DATA_DIR / name) for name in DATA_FILES}
-
-
-def environment(device: str) -> dict:
-    import transformers
-
-    env = {
-        "python": platform.python_version(),
-        "torch": torch.__version__,
-        "transformers": transformers.__version__,
-        "device": device,
-        "torch_threads": torch.get_num_threads(),
-        "deterministic_algorithms": True,
-    }
-    if device.startswith("cuda"):
-        env.update(
-            cuda=torch.version.cuda,
-            gpu=torch.cuda.get_device_name(device),
-            tf32_matmul=torch.backends.cuda.matmul.allow_tf32,
-            tf32_cudnn=torch.backends.cudnn.allow_tf32,
-        )
-    return env
 
 
 def default_run_dir(preset: str, branch: str) -> Path:
@@ -634,112 +574,64 @@ def resume_check(
     overwrite: bool = False,
     progress: bool = True,
 ) -> dict:
-    """Continuous run vs stop-after-epoch-1 + resume: compare the end states exactly.
-
-    1. the continuous run is the real run in `run_dir` (run now unless finished);
-    2. a second run from the same start stops after epoch 1 into `scratch_dir/stop`;
-    3. a fresh model, optimizer and generator resume from its saved state into
-       `scratch_dir/resume` (with `fresh_process`, steps 2 and 3 are separate
-       `python -m labkit sft` processes, with the real run's thread count);
-    4. the two end states (and the tensors of the two model.safetensors) are compared
-       with `state.compare_states`, and so are the two epoch-1 states (stop run
-       vs continuous run); the report goes to `run_dir/resume_report.json`, its
-       top-level `equal` True only when every field of both comparisons is equal.
-    Its cost (the stop and resume runs, the comparison) is reported apart from
-    the continuous run's.
-    """
+    """Continuous run vs stop-after-epoch-1 + resume (`labkit.resume`): the end states, the
+    tensors of the two model files, and the two epoch-1 states (stop run vs continuous run) must
+    be equal.  The continuous run is run now unless finished; with `fresh_process` the stop and
+    resume runs are separate `python -m labkit sft` processes with the real run's thread count.
+    Report: `run_dir/resume_report.json`."""
     from safetensors.torch import load_file
+
+    from . import resume
 
     config = get_preset(config) if isinstance(config, str) else config
     plan = make_plan(config, branch)
     if plan.epochs < 2:
         raise ValueError(f"a resume check needs at least 2 epochs, {branch} has {plan.epochs}")
     run_dir = Path(run_dir) if run_dir is not None else default_run_dir(config.name, branch)
-    scratch_dir = Path(scratch_dir) if scratch_dir is not None else REPO_ROOT / "runs" / "scratch" / config.name / branch
-    report_path = run_dir / "resume_report.json"
-    if report_path.exists() and not overwrite:
-        raise FileExistsError(f"{report_path} exists; a resume report is evidence (pass overwrite=True to redo it)")
+    if (run_dir / "resume_report.json").exists() and not overwrite:
+        raise FileExistsError(f"{run_dir / 'resume_report.json'} exists; a resume report is evidence "
+                              "(pass overwrite=True to redo it)")
     if fresh_process and model_factory is not None:
         raise ValueError("a custom model_factory cannot cross into a fresh process; use fresh_process=False")
     common = dict(model_factory=model_factory, validation_limit=validation_limit, device=device, progress=progress)
-
-    # 1. the continuous run
     if not is_finished(run_dir):
         run_branch(config, branch, run_dir, overwrite=overwrite, **common)
     continuous = read_json(run_dir / "manifest.json")
-    if not state_path(run_dir, plan.epochs).exists():
-        raise FileNotFoundError(
-            f"{state_path(run_dir, plan.epochs)} is missing (full states are not committed); the check needs the "
-            "continuous run's end state: re-run the branch with overwrite=True (--overwrite)"
-        )
-    if continuous.get("resumed_from"):
-        raise ValueError(f"{run_dir} was itself resumed; the check compares a continuous run with a resumed one")
-
-    # 2-3. stop after epoch 1, resume in a fresh setting
-    shutil.rmtree(scratch_dir, ignore_errors=True)
-    stop_dir, resume_dir = scratch_dir / "stop", scratch_dir / "resume"
+    resume.check_preconditions(run_dir, continuous, state_path(run_dir, plan.epochs),
+                               run_dir / "resume_report.json", overwrite=True)
     threads = continuous["environment"]["torch_threads"]
-    t0 = time.perf_counter()
-    if fresh_process:
-        _run_in_fresh_process(config, branch, stop_dir, threads, validation_limit, device, ["--stop-after-epochs", "1"])
-    else:
-        run_branch(config, branch, stop_dir, stop_after_epochs=1, **common)
-    stop_seconds = time.perf_counter() - t0
-    t0 = time.perf_counter()
-    boundary = state_path(stop_dir, 1)
-    if fresh_process:
-        _run_in_fresh_process(config, branch, resume_dir, threads, validation_limit, device,
-                              ["--resume-from", str(boundary), "--no-greedy-eval"])
-    else:
-        run_branch(config, branch, resume_dir, resume_from=boundary, greedy_eval=False, **common)
-    resume_seconds = time.perf_counter() - t0
 
-    # 4. compare the end states exactly (plus the final model files), and the epoch-1 states
-    t0 = time.perf_counter()
-    end_a, end_b = state_path(run_dir, plan.epochs), state_path(resume_dir, plan.epochs)
-    a, _ = state_lib.load_state(end_a)
-    b, _ = state_lib.load_state(end_b)
-    # the saved model files, tensor by tensor (not their bytes: safetensors writes its
-    # metadata in a random order, so two identical models can give different files)
-    a["final_model_file"] = load_file(str(run_dir / "model.safetensors"))
-    b["final_model_file"] = load_file(str(resume_dir / "model.safetensors"))
-    end = state_lib.compare_states(a, b)
-    del a, b
-    # the stop run's epoch 1 must also equal the continuous run's epoch 1 (the run is deterministic)
-    at_boundary = state_lib.compare_state_files(state_path(run_dir, 1), boundary)
-    compare_seconds = time.perf_counter() - t0
-    resumed = read_json(resume_dir / "manifest.json")
-    report = {
-        "equal": end["equal"] and at_boundary["equal"],
-        "branch": branch,
-        "preset": config.name,
-        "boundary": f"after epoch 1 of {plan.epochs} (a completed epoch: every update of it done, state saved)",
-        "continuous_state": str(end_a.relative_to(run_dir)),
-        "resumed_state": f"scratch: {end_b.relative_to(scratch_dir)} (not kept)",
-        "fresh_process": fresh_process,
-        "torch_threads": threads,
-        "timings_compared": False,
-        "end_state": end,
-        "boundary_state": {k: at_boundary[k] for k in ("equal", "compared_fields", "different_fields", "sections")},
-        "cost": {
-            "continuous_run_seconds": continuous["times"]["total_seconds"],
-            "extra_for_the_check": {
-                "stop_run_seconds": stop_seconds,
-                "resume_run_seconds": resume_seconds,
-                "compare_seconds": compare_seconds,
-                "total_seconds": stop_seconds + resume_seconds + compare_seconds,
-                "extra_updates": plan.total_updates,  # epoch 1 in the stop run + the rest in the resumed run
-            },
-            "resumed_run_epoch_times": resumed["times"]["epochs"],
-        },
-        "state_bytes": {
-            "continuous_end": end_a.stat().st_size,
-            "stop_boundary": boundary.stat().st_size,
-            "resumed_end": end_b.stat().st_size,
-        },
-    }
-    write_json(report_path, report)
-    return report
+    def stop(folder: Path) -> Path:
+        if fresh_process:
+            _run_in_fresh_process(config, branch, folder, threads, validation_limit, device, ["--stop-after-epochs", "1"])
+        else:
+            run_branch(config, branch, folder, stop_after_epochs=1, **common)
+        return state_path(folder, 1)
+
+    def resume_into(folder: Path, boundary: Path) -> None:
+        if fresh_process:
+            _run_in_fresh_process(config, branch, folder, threads, validation_limit, device,
+                                  ["--resume-from", str(boundary), "--no-greedy-eval"])
+        else:
+            run_branch(config, branch, folder, resume_from=boundary, greedy_eval=False, **common)
+
+    def after(boundary: Path, resume_dir: Path) -> dict:
+        # the stop run's epoch 1 must also equal the continuous run's epoch 1 (the run is deterministic)
+        at_boundary = state_lib.compare_state_files(state_path(run_dir, 1), boundary)
+        return {"boundary_state": {k: at_boundary[k] for k in ("equal", "compared_fields", "different_fields", "sections")},
+                "cost": {"resumed_run_epoch_times": read_json(resume_dir / "manifest.json")["times"]["epochs"]}}
+
+    return resume.run_resume_check(resume.ResumeCheck(
+        run_dir=run_dir,
+        scratch_dir=Path(scratch_dir) if scratch_dir is not None else REPO_ROOT / "runs" / "scratch" / config.name / branch,
+        end_state=lambda folder: state_path(folder, plan.epochs), stop=stop, resume=resume_into,
+        # the saved model files, tensor by tensor
+        extras=lambda folder, _: {"final_model_file": load_file(str(folder / "model.safetensors"))},
+        boundary=f"after epoch 1 of {plan.epochs} (a completed epoch: every update of it done, state saved)",
+        facts={"branch": branch, "preset": config.name}, continuous_seconds=continuous["times"]["total_seconds"],
+        extra_work={"extra_updates": plan.total_updates},  # epoch 1 in the stop run + the rest in the resumed run
+        after=after,
+    ), threads, fresh_process)
 
 
 def _run_in_fresh_process(config, branch, run_dir, threads, validation_limit, device, extra: list[str]) -> None:

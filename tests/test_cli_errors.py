@@ -26,7 +26,7 @@ def test_bad_options_are_refused_in_one_line(tmp_path, capsys, argv, message):
     assert cli.main(argv) == 2
     err = capsys.readouterr().err
     assert message in err and "Traceback" not in err and len(err.strip().splitlines()) == 1
-    assert not (tmp_path / "run" / "rollouts-001-001.jsonl.gz").exists()
+    assert not (tmp_path / "run" / "rollouts.jsonl.gz").exists()
 
 
 def test_a_finished_run_is_refused_even_through_a_missing_folder(capsys):
@@ -42,3 +42,33 @@ def test_a_missing_or_wrong_state_file_is_named(tmp_path, capsys):
     assert cli.main(["sampler-agreement", "--state", str(GRPO_RUN / "history.json"), "--limit", "1",
                      "--out", str(tmp_path / "agreement.json")]) == 2
     assert "is not a safetensors model file" in capsys.readouterr().err
+
+
+def test_an_inference_output_given_to_learning_is_refused_in_one_line(tmp_path, capsys):
+    """A copied evaluation folder (its manifest says "phase": "inference") used as a resume state."""
+    copied = tmp_path / "my_copy"
+    (copied / "states").mkdir(parents=True)
+    evaluation = REPO_ROOT / "runs" / "tiny" / "evaluation" / "grpo"
+    (copied / "manifest.json").write_bytes((evaluation / "manifest.json").read_bytes())
+    (copied / "states" / "iter-001.pt.gz").write_bytes((evaluation / "predictions-greedy.jsonl.gz").read_bytes())
+    assert cli.main(["grpo", "--run-dir", str(tmp_path / "run"), "--resume-from",
+                     str(copied / "states" / "iter-001.pt.gz")]) == 2
+    err = capsys.readouterr().err
+    assert "it is an inference output" in err and len(err.strip().splitlines()) == 1
+
+
+def test_a_flipped_bit_in_the_warm_start_is_refused_before_any_work(tmp_path, capsys, monkeypatch):
+    """sampler-agreement and grpo read the warm start: one line naming the file, both digests and the fix."""
+    import shutil
+
+    warm = tmp_path / "runs" / "tiny" / "warm_start"
+    shutil.copytree(REPO_ROOT / "runs" / "tiny" / "warm_start", warm, ignore=shutil.ignore_patterns("states"))
+    data = bytearray((warm / "model.safetensors").read_bytes())
+    data[len(data) // 2] ^= 0x10
+    (warm / "model.safetensors").write_bytes(bytes(data))
+    assert cli.main(["sampler-agreement", "--state", str(warm / "model.safetensors"), "--limit", "1",
+                     "--out", str(tmp_path / "agreement.json")]) == 2
+    err = capsys.readouterr().err
+    assert f"{warm / 'model.safetensors'} has SHA-256 {sha256_file(warm / 'model.safetensors')}" in err, err
+    assert "python -m labkit warm-start --preset tiny --overwrite" in err and len(err.strip().splitlines()) == 1
+    assert not (tmp_path / "agreement.json").exists()
