@@ -221,8 +221,8 @@ def prediction_rows(rollouts, statements: list[dict], mode: str, draws: int) -> 
     for i, r in enumerate(rollouts):
         problem = statements[i // draws]
         draw = i % draws
-        if r.prompt_id != problem["id"]:
-            raise ValueError(f"rollout {i} answers {r.prompt_id!r}, expected {problem['id']!r}: order lost")
+        if r.problem_id != problem["id"]:
+            raise ValueError(f"rollout {i} answers {r.problem_id!r}, expected {problem['id']!r}: order lost")
         rows.append({
             "problem_id": problem["id"],
             "population": problem["population"],

@@ -323,7 +323,7 @@ def warm_start_validation_success(config: PresetConfig, start_file: str | Path, 
     problem_ids = [s["id"] for s in statements for _ in range(draws)]
     rollouts = sampling.sample_fast(model, tokenizer, prompts, seeds, max_new_tokens=config.max_response_tokens,
                                     problem_ids=problem_ids, batch_size=batch_size)
-    correct = sum(score(r.text, r.finish_reason, labels[r.prompt_id]["problem"], r.tokenization_valid).reward
+    correct = sum(score(r.text, r.finish_reason, labels[r.problem_id]["problem"], r.tokenization_valid).reward
                   for r in rollouts)
     return {
         "p": correct / len(rollouts),

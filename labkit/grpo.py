@@ -31,11 +31,12 @@ of its boundary), `manifest.json` (with the final ledger), `FINISHED`.
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 
-from . import data, losses, sampling, scoring, state as state_lib, task
+from . import data, losses, models, sampling, scoring, state as state_lib, task
 from .config import PresetConfig, get_preset
 from .runs import REPO_ROOT, ArtifactError, RunFolder, is_finished, read_json, run_path, write_json
 from .schedule import warmup_linear_decay
@@ -97,7 +98,48 @@ class PromptOrder:
         self.epoch, self.cursor, self.permutation = saved["epoch"], saved["cursor"], list(saved["permutation"])
 
 
-# -- 2. One update on the iteration's rollouts -------------------------------------------------
+# -- 2. An iteration's groups: sample, verify, advantages -------------------------------------
+
+
+def sample_groups(model, tokenizer, chosen: list[dict], prompts: dict[str, list[int]], seeds: list[int], G: int,
+                  iteration: int, sampler: str, max_new_tokens: int) -> list[sampling.Group]:
+    """G responses to each chosen problem, sampled by the current (= old) policy in one sampler call.
+
+    chosen: the iteration's P pool problems; seeds: P x G, prompt-major.  Each group is
+    verified against its problem by `labkit.verifier` (the model never sees the labels).
+    """
+    return sampling.sample_groups(
+        model, tokenizer, [(p["id"], prompts[p["id"]], p["problem"]) for p in chosen], G, seeds, sampler=sampler,
+        max_new_tokens=max_new_tokens, policy_digest=models.parameter_digest(model),
+        rollout_ids=[f"g{G}-it{iteration:03d}-{p['id']}-{j}" for p in chosen for j in range(G)],
+    )
+
+
+def iteration_metrics(rows: list[dict], valid: list[bool]) -> dict:
+    """The per-iteration figures of the log, from the iteration's rollout rows (prompt-major groups).
+
+    reward                      mean reward over the P x G rollouts
+    reward_std                  mean over groups of the group's reward std (population, ddof 0)
+    frac_reward_zero_std        share of groups whose rewards are all equal (no signal)
+    valid_json                  share of responses that are schema-valid answers (`valid`)
+    completions/mean_length     mean response length in tokens, EOS included
+    completions/clipped_ratio   share of responses cut at the token limit (finish_reason "length")
+    """
+    groups: dict[str, list[float]] = {}
+    for r in rows:
+        groups.setdefault(r["problem_id"], []).append(float(r["reward"]))
+    rewards = torch.tensor(list(groups.values()))  # (P, G)
+    return {
+        "reward": float(rewards.mean()),
+        "reward_std": float(rewards.std(correction=0, dim=1).mean()),
+        "frac_reward_zero_std": float(losses.zero_variance_groups(rewards).float().mean()),
+        "valid_json": sum(valid) / len(valid),
+        "completions/mean_length": sum(len(r["response_ids"]) for r in rows) / len(rows),
+        "completions/clipped_ratio": sum(r["finish_reason"] == "length" for r in rows) / len(rows),
+    }
+
+
+# -- 3. One update on the iteration's rollouts -------------------------------------------------
 
 
 def padded(rows: list[list[float]], width: int) -> torch.Tensor:
@@ -108,41 +150,64 @@ def padded(rows: list[list[float]], width: int) -> torch.Tensor:
     return out
 
 
-def grpo_loss(model, reference, batch: scoring.Batch, old_logprobs: torch.Tensor, advantages: torch.Tensor,
-              group_size: int, config: PresetConfig) -> tuple[torch.Tensor, dict]:
+def reference_scores(reference, batch: scoring.Batch) -> tuple[torch.Tensor, torch.Tensor]:
+    """(logp_ref (B, R), logits_ref (B, R, V)) of the frozen reference: one forward per iteration,
+    shared by its updates (the reference and the batch do not change between them)."""
+    with torch.no_grad():
+        return scoring.response_logprobs(reference, batch, return_logits=True)
+
+
+def grpo_loss(logp_cur: torch.Tensor, logits_cur: torch.Tensor, reference: tuple[torch.Tensor, torch.Tensor],
+              mask: torch.Tensor, old_logprobs: torch.Tensor, advantages: torch.Tensor, group_size: int,
+              config: PresetConfig) -> tuple[torch.Tensor, dict]:
     """Loss = clipped surrogate + kl_coef x exact prefix KL, both reduced token -> response -> prompt.
 
-    batch:        B = prompts * G rows, prompt-major
-    old_logprobs: (B, R) recorded at sampling time (detached)
-    advantages:   (B,) one per response (detached)
+    logp_cur, logits_cur: (B, R), (B, R, V) of the current policy (with gradients), B = P x G
+                          rows, prompt-major; reference: `reference_scores` of the same batch
+    mask:                 (B, R) response mask; old_logprobs (B, R) recorded at sampling time;
+                          advantages (B,) one per response (both detached)
     Returns (loss, metrics) with the surrogate, the KL and their statistics.
     """
-    device = next(model.parameters()).device
-    mask = batch.response_mask.to(device)
-    logp_cur, logits_cur = scoring.response_logprobs(model, batch, return_logits=True)  # (B, R), (B, R, V)
-    with torch.no_grad():
-        logp_ref, logits_ref = scoring.response_logprobs(reference, batch, return_logits=True)
-    surrogate, clip_stats = losses.clipped_surrogate(
-        logp_cur, old_logprobs.to(device), advantages.to(device), mask, clip_eps=config.clip_eps, group_size=group_size
-    )
+    logp_ref, logits_ref = reference
+    surrogate, clip_stats = losses.clipped_surrogate(logp_cur, old_logprobs, advantages, mask,
+                                                     clip_eps=config.clip_eps, group_size=group_size)
     kl_per_prefix = losses.exact_prefix_kl(logits_cur, logits_ref, block_size=config.kl_block_size)  # (B, R)
     kl = losses.reduce_tokens(kl_per_prefix, mask, group_size)
     loss = surrogate + config.kl_coef * kl
     with torch.no_grad():
         entropy = losses.reduce_tokens(losses.token_entropy(logits_cur.detach()), mask, group_size)
         k3 = losses.reduce_tokens(losses.kl_estimators(logp_cur.detach(), logp_ref)["k3"], mask, group_size)
-    metrics = {
-        "loss": float(loss.detach()),
-        "surrogate": float(surrogate.detach()),
-        "kl": float(kl.detach()),
-        "kl_k3": float(k3),
-        "entropy": float(entropy),
-        **clip_stats,
-    }
+    metrics = {"loss": float(loss.detach()), "surrogate": float(surrogate.detach()), "kl": float(kl.detach()),
+               "kl_k3": float(k3), "entropy": float(entropy), **clip_stats}
     return loss, metrics
 
 
-# -- 3. The run ----------------------------------------------------------------------------------
+def grpo_update(model, optimizer, batch: scoring.Batch, old_logprobs: torch.Tensor, advantages: torch.Tensor,
+                reference: tuple[torch.Tensor, torch.Tensor], lr: float, *, group_size: int, config: PresetConfig,
+                before_step=None) -> dict:
+    """One AdamW update of `grpo_loss` at learning rate `lr`, gradient norm clipped; returns its metrics.
+
+    One forward of the current policy.  `before_step(logp_cur)` (detached, (B, R)) runs after it
+    and before anything changes the weights: the loop passes the pre-update check there, so the
+    check costs no forward of its own.
+    """
+    device = next(model.parameters()).device
+    parameters = [p for group in optimizer.param_groups for p in group["params"]]
+    for group in optimizer.param_groups:
+        group["lr"] = lr
+    optimizer.zero_grad(set_to_none=True)
+    logp_cur, logits_cur = scoring.response_logprobs(model, batch, return_logits=True)  # (B, R), (B, R, V)
+    if before_step is not None:
+        before_step(logp_cur.detach())
+    loss, metrics = grpo_loss(logp_cur, logits_cur, reference, batch.response_mask.to(device),
+                              old_logprobs.to(device), advantages.to(device), group_size, config)
+    loss.backward()
+    grad_norm = float(torch.nn.utils.clip_grad_norm_(parameters, config.grad_clip))
+    optimizer.step()
+    return {**metrics, "grad_norm": grad_norm, "learning_rate": lr}
+
+
+# -- 4. The run ----------------------------------------------------------------------------------
 
 
 def default_run_dir(preset: str, group_size: int) -> Path:
@@ -167,20 +232,189 @@ def rollout_record(r: sampling.Rollout, iteration: int, verdict, advantage: floa
     return {
         "rollout_id": r.rollout_id,
         "iteration": iteration,
-        "problem_id": r.prompt_id,
+        "problem_id": r.problem_id,
         "seed": r.seed,
         "prompt_length": len(r.prompt_ids),
         "response_ids": list(r.response_ids),
         "text": r.text,
         "finish_reason": r.finish_reason,
         "tokenization_valid": r.tokenization_valid,
-        "old_logprobs": list(r.behaviour_logprobs),
+        "old_logprobs": list(r.old_logprobs),
         "reward": float(verdict.reward),
         "reason": verdict.reason,
         "advantage": advantage,
         "policy_digest": r.policy_digest,
         "sampler": r.sampler,
     }
+
+
+@dataclass
+class Loop:
+    """What a GRPO run carries from one iteration to the next (all of it is in a saved state)."""
+
+    config: PresetConfig
+    G: int
+    model: torch.nn.Module
+    reference: torch.nn.Module
+    tokenizer: object
+    optimizer: torch.optim.Optimizer
+    pool: list[dict]
+    prompts: dict[str, list[int]]
+    order: PromptOrder
+    generation: torch.Generator
+    identity: dict
+    total_updates: int
+    reference_digest: str
+    history: list[dict] = field(default_factory=list)
+    consumed: list[str] = field(default_factory=list)
+    next_update: int = 0
+
+    def capture(self, iteration: int) -> dict:
+        return state_lib.capture_state(
+            model=self.model, optimizer=self.optimizer,
+            scheduler={"next_update": self.next_update, "total": self.total_updates},
+            data_order=self.order.state(), generators={"generation": self.generation}, history=self.history,
+            consumed_ids=self.consumed, identity=self.identity, progress={"iteration": iteration},
+        )
+
+    def restore(self, path: Path) -> tuple[int, dict]:
+        """Continue from a saved state of the same run; returns (its iteration, its evidence)."""
+        saved, evidence = state_lib.load_state(path)
+        if saved["identity"] != self.identity:
+            diff = sorted(k for k in self.identity if saved["identity"].get(k) != self.identity[k])
+            raise ValueError(f"{path} belongs to another run: identity fields {diff} differ")
+        plain = state_lib.restore_state(saved, model=self.model, optimizer=self.optimizer,
+                                        generators={"generation": self.generation})
+        self.order.restore(plain["data_order"])
+        self.history, self.consumed = plain["history"], plain["consumed_ids"]
+        self.next_update = plain["scheduler"]["next_update"]
+        return plain["progress"]["iteration"], evidence
+
+
+def start_loop(config: PresetConfig, G: int, total_iterations: int, start_file: Path, sampler: str,
+               device: str) -> Loop:
+    """Stage 0: the three roles (policy and reference are two loads of one file), AdamW, the pool."""
+    seed_everything(config.seed)
+    model, tokenizer = models.load(config.name, state=start_file, device=device)
+    reference, _ = models.load(config.name, state=start_file, device=device)
+    reference.requires_grad_(False)
+    model.eval()
+    reference.eval()
+    start_digest, reference_digest = models.parameter_digest(model), models.parameter_digest(reference)
+    if start_digest != reference_digest:
+        raise RuntimeError(f"policy {start_digest} and reference {reference_digest} differ after loading one file")
+    optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=config.grpo_lr,
+                                  weight_decay=config.grpo_weight_decay)
+    pool = load_pool()
+    identity = {
+        "preset": config.name, "config_fingerprint": config.fingerprint(), "group_size": G,
+        "iterations": total_iterations, "sampler": sampler, "device": device,
+        "torch_threads": torch.get_num_threads(),
+        "start_file": str(start_file.relative_to(REPO_ROOT)) if start_file.is_relative_to(REPO_ROOT) else str(start_file),
+        "start_digest": start_digest, "pool_ids": [r["id"] for r in pool],
+    }
+    return Loop(config=config, G=G, model=model, reference=reference, tokenizer=tokenizer, optimizer=optimizer,
+                pool=pool, prompts={r["id"]: scoring.build_prompt_ids(tokenizer, r["statement"], config.max_prompt_tokens)
+                                    for r in pool},
+                order=PromptOrder(len(pool), config.seed + PROMPT_ORDER_SEED_OFFSET),
+                generation=torch.Generator().manual_seed(config.seed + GENERATION_SEED_OFFSET), identity=identity,
+                total_updates=total_iterations * config.updates_per_iteration, reference_digest=reference_digest)
+
+
+def run_iteration(loop: Loop, iteration: int, sampler: str) -> tuple[dict, list[dict], dict]:
+    """One iteration (stages 1-6 of the module docstring); returns (its log record, rows, timings)."""
+    config, G, P = loop.config, loop.G, loop.config.prompts_per_iteration
+    t_iteration = time.perf_counter()
+    # Stage 1: the next P prompts of the pool's permutation.
+    chosen = [loop.pool[i] for i in loop.order.take(P)]
+    # Stage 2-3: G responses each by the old policy (= the current one now), verified.
+    t0 = time.perf_counter()
+    seeds = torch.randint(0, SEED_RANGE, (P * G,), generator=loop.generation).tolist()
+    groups = sample_groups(loop.model, loop.tokenizer, chosen, loop.prompts, seeds, G, iteration, sampler,
+                           config.max_response_tokens)
+    t_generation = time.perf_counter() - t0
+    rollouts = [r for g in groups for r in g.rollouts]
+    verdicts = [v for g in groups for v in g.verdicts]
+    rewards = torch.tensor([g.rewards for g in groups])  # (P, G)
+    advantages = losses.group_advantages(rewards, eps=config.advantage_eps).reshape(-1)  # (P x G,)
+    repeated = set(loop.consumed).intersection(r.rollout_id for r in rollouts)
+    if repeated:
+        raise RuntimeError(f"rollouts {sorted(repeated)} were already optimised; a rollout is used once")
+
+    # Stage 4-5: one batch, one reference forward, two updates; the pre-update check on the
+    # first update's own forward, before its step.
+    t0 = time.perf_counter()
+    batch = scoring.make_batch([r.prompt_ids for r in rollouts], [r.response_ids for r in rollouts],
+                               pad_id=loop.tokenizer.pad_token_id)
+    old = padded([r.old_logprobs for r in rollouts], batch.response_mask.shape[1])
+    reference = reference_scores(loop.reference, batch)
+    check = {}
+
+    def pre_update_check(logp_cur: torch.Tensor) -> None:
+        t = time.perf_counter()
+        check.update(sampling.compare_with_recorded(logp_cur, rollouts, tol=config.logprob_check_tol))
+        check["seconds"] = time.perf_counter() - t  # the comparison only: the forward is the update's
+
+    updates = []
+    for k in range(config.updates_per_iteration):
+        lr = warmup_linear_decay(loop.next_update, loop.total_updates, config.grpo_lr, config.warmup_fraction,
+                                 config.final_lr_fraction)
+        updates.append(grpo_update(loop.model, loop.optimizer, batch, old, advantages, reference, lr, group_size=G,
+                                   config=config, before_step=pre_update_check if k == 0 else None))
+        loop.next_update += 1
+    t_optimisation = time.perf_counter() - t0
+    loop.consumed += [r.rollout_id for r in rollouts]
+
+    # Stage 6: the log record and the rows to keep.
+    rows = [rollout_record(r, iteration + 1, verdicts[i], float(advantages[i])) for i, r in enumerate(rollouts)]
+    record = {
+        "iteration": iteration + 1,
+        "problem_ids": [p["id"] for p in chosen],
+        **iteration_metrics(rows, [v.valid for v in verdicts]),
+        "logprob_check/max_abs_diff": check["max_abs_diff"],
+        "updates": updates,
+        # the figures trainers log, from the last update of the iteration
+        **{k: updates[-1][k] for k in ("kl", "entropy", "grad_norm", "learning_rate", "clip_ratio/low_mean",
+                                       "clip_ratio/high_mean", "clip_ratio/region_mean")},
+    }
+    loop.history.append(record)
+    timings = {"iteration": iteration + 1, "generation": t_generation, "logprob_check": check["seconds"],
+               "optimisation": t_optimisation - check["seconds"], "iteration_total": time.perf_counter() - t_iteration}
+    return record, rows, timings
+
+
+def _check_options(config: PresetConfig, G: int, total_iterations: int, stop_after, save_states_at) -> int:
+    """Refuse bad option values before any work; returns the last iteration this call runs."""
+    if G < 2:
+        raise ValueError(f"group_size {G}: a group needs at least 2 responses (its advantages compare them)")
+    if total_iterations < 1:
+        raise ValueError(f"iterations {total_iterations}: must be at least 1")
+    if stop_after is not None and not 1 <= stop_after <= total_iterations:
+        raise ValueError(f"stop_after {stop_after}: must lie in 1..{total_iterations} (the run's iterations)")
+    bad_states = [k for k in save_states_at if not 1 <= k <= total_iterations]
+    if bad_states:
+        raise ValueError(f"save_states_at {bad_states}: each must lie in 1..{total_iterations}")
+    return total_iterations if stop_after is None else stop_after
+
+
+def _prepare_folder(folder: RunFolder, loop: Loop, resume_from: Path | None) -> tuple[int, int]:
+    """Restore a state (if any) and clear or cut back the folder; returns (first iteration to run,
+    the first iteration whose rollouts this folder holds)."""
+    first_iteration, evidence = loop.restore(resume_from) if resume_from is not None else (0, {})
+    if resume_from is not None and resume_from.parent.parent == folder.path:
+        # Resuming in the run's own folder: cut the parts back to the state's boundary.
+        if "ledger" not in evidence:
+            raise ArtifactError(f"{resume_from} carries no ledger of its folder's parts (written by an older "
+                                "labkit); start the run afresh")
+        removed, first_in_folder = drop_after(folder, first_iteration, evidence["ledger"]), 1
+    else:
+        # A fresh start, or a resume into a new folder (which then holds iterations k+1.. only).
+        removed = [str(p.relative_to(folder.path)) for p in folder.clear(ATTEMPT_FILES)]
+        first_in_folder = first_iteration + 1
+    if removed:
+        print(f"{folder}: removed or cut {len(removed)} file(s) of an earlier, unfinished attempt "
+              f"({', '.join(sorted(removed))})", flush=True)
+    return first_iteration, first_in_folder
 
 
 def run_grpo(
@@ -201,253 +435,97 @@ def run_grpo(
     """Run GRPO into `run_dir`; returns the manifest (or, when stopped early, a summary).
 
     group_size      G (default: the preset's 4); iterations: default the preset's 100
-    stop_after      stop after this many iterations (saving the state); the run is then
-                    not finished
+    stop_after      stop after this many iterations (saving the state); the run is then not finished
     save_states_at  iterations after which to save a full state (the last is always saved)
     resume_from     a state file of the same run to continue from, with fresh objects
     sampler         "reference" (the protocol's, no KV cache) or "fast" (recorded in the manifest)
     start_file      the warm-start safetensors (default: runs/<preset>/warm_start/model.safetensors)
     """
-    from . import models
-
     config = get_preset(config) if isinstance(config, str) else config
     G = config.group_size if group_size is None else group_size
     total_iterations = config.grpo_iterations if iterations is None else iterations
-    if G < 2:
-        raise ValueError(f"group_size {G}: a group needs at least 2 responses (its advantages compare them)")
-    if total_iterations < 1:
-        raise ValueError(f"iterations {total_iterations}: must be at least 1")
-    if stop_after is not None and not 1 <= stop_after <= total_iterations:
-        raise ValueError(f"stop_after {stop_after}: must lie in 1..{total_iterations} (the run's iterations)")
-    bad_states = [k for k in save_states_at if not 1 <= k <= total_iterations]
-    if bad_states:
-        raise ValueError(f"save_states_at {bad_states}: each must lie in 1..{total_iterations}")
-    end_iteration = total_iterations if stop_after is None else stop_after
+    end_iteration = _check_options(config, G, total_iterations, stop_after, save_states_at)
     if resume_from is not None:
         resume_from = run_path(resume_from)
         if not resume_from.is_file():
             raise FileNotFoundError(f"--resume-from {resume_from}: no such state file (states are in <run>/states/)")
         data.check_path_access("learning", resume_from)
     folder = RunFolder(run_dir or default_run_dir(config.name, G)).open_for_writing(overwrite)
-    run_dir = folder.path
-    device = device or models.default_device(config.name)
     start_file = Path(start_file or warm_start_file(config.name))
     data.check_path_access("learning", start_file)
-    total_updates = total_iterations * config.updates_per_iteration
-    P = config.prompts_per_iteration
     began = time.perf_counter()
-
-    # Stage 0: the three roles.  Policy and reference are two loads of the same file.
-    seed_everything(config.seed)
-    model, tokenizer = models.load(config.name, state=start_file, device=device)
-    reference, _ = models.load(config.name, state=start_file, device=device)
-    reference.requires_grad_(False)
-    model.eval()
-    reference.eval()
-    start_digest = models.parameter_digest(model)
-    reference_digest = models.parameter_digest(reference)
-    if start_digest != reference_digest:
-        raise RuntimeError(f"policy {start_digest} and reference {reference_digest} differ after loading one file")
-    parameters = [p for p in model.parameters() if p.requires_grad]
-    optimizer = torch.optim.AdamW(parameters, lr=config.grpo_lr, weight_decay=config.grpo_weight_decay)
-    pool = load_pool()
-    prompts = {r["id"]: scoring.build_prompt_ids(tokenizer, r["statement"], config.max_prompt_tokens) for r in pool}
-    order = PromptOrder(len(pool), config.seed + PROMPT_ORDER_SEED_OFFSET)
-    generation = torch.Generator().manual_seed(config.seed + GENERATION_SEED_OFFSET)
-    identity = {
-        "preset": config.name,
-        "config_fingerprint": config.fingerprint(),
-        "group_size": G,
-        "iterations": total_iterations,
-        "sampler": sampler,
-        "device": device,
-        "torch_threads": torch.get_num_threads(),
-        "start_file": str(start_file.relative_to(REPO_ROOT)) if start_file.is_relative_to(REPO_ROOT) else str(start_file),
-        "start_digest": start_digest,
-        "pool_ids": [r["id"] for r in pool],
-    }
-    history: list[dict] = []
-    consumed: list[str] = []
-    next_update = 0
-    first_iteration = 0
-    if resume_from is not None:
-        saved, evidence = state_lib.load_state(resume_from)
-        if saved["identity"] != identity:
-            diff = sorted(k for k in identity if saved["identity"].get(k) != identity[k])
-            raise ValueError(f"{resume_from} belongs to another run: identity fields {diff} differ")
-        plain = state_lib.restore_state(saved, model=model, optimizer=optimizer, generators={"generation": generation})
-        order.restore(plain["data_order"])
-        history, consumed = plain["history"], plain["consumed_ids"]
-        next_update = plain["scheduler"]["next_update"]
-        first_iteration = plain["progress"]["iteration"]
-    consumed_set = set(consumed)
-    if resume_from is not None and resume_from.parent.parent == run_dir:
-        # Resuming in the run's own folder: cut the parts back to the state's boundary.
-        if "ledger" not in evidence:
-            raise ArtifactError(f"{resume_from} carries no ledger of its folder's parts (written by an older labkit); "
-                                "start the run afresh")
-        removed = drop_after(folder, first_iteration, evidence["ledger"])
-        first_in_folder = 1
-    else:
-        # A fresh start, or a resume into a new folder (which then holds iterations k+1.. only).
-        first_in_folder = first_iteration + 1
-        removed = [str(p.relative_to(run_dir)) for p in folder.clear(ATTEMPT_FILES)]
-    if removed:
-        print(f"{run_dir}: removed or cut {len(removed)} file(s) of an earlier, unfinished attempt "
-              f"({', '.join(sorted(removed))})", flush=True)
+    loop = start_loop(config, G, total_iterations, start_file, sampler, device or models.default_device(config.name))
+    first_iteration, first_in_folder = _prepare_folder(folder, loop, resume_from)
     state_files: list[dict] = []
-
     bar = _progress_bar(progress, first_iteration, end_iteration, G)
     with deterministic_algorithms():
         for iteration in range(first_iteration, end_iteration):
-            t_iter = time.perf_counter()
-            # Stage 1: the next P prompts of the pool's permutation.
-            chosen = [pool[i] for i in order.take(P)]
-
-            # Stage 2: G responses each, sampled by the old policy (= the current one now).
-            t0 = time.perf_counter()
-            old_digest = models.parameter_digest(model)
-            seeds = torch.randint(0, SEED_RANGE, (P * G,), generator=generation).tolist()
-            rollouts = []
-            for k, problem in enumerate(chosen):
-                ids = [f"g{G}-it{iteration:03d}-{problem['id']}-{j}" for j in range(G)]
-                rollouts += sampling.get_sampler(sampler)(
-                    model, tokenizer, [prompts[problem["id"]]] * G, seeds[k * G:(k + 1) * G],
-                    max_new_tokens=config.max_response_tokens, problem_ids=[problem["id"]] * G,
-                    rollout_ids=ids, policy_digest=old_digest,
-                )
-            t_generation = time.perf_counter() - t0
-
-            # Stage 3: verifier rewards and group advantages.
-            from .verifier import score
-
-            verdicts = [score(r.text, r.finish_reason, chosen[i // G]["problem"], r.tokenization_valid)
-                        for i, r in enumerate(rollouts)]
-            rewards = torch.tensor([float(v.reward) for v in verdicts]).view(P, G)  # (P, G)
-            advantages = losses.group_advantages(rewards, eps=config.advantage_eps)  # (P, G)
-            zero_std = losses.zero_variance_groups(rewards)  # (P,)
-
-            # Stage 4: the pre-update check; the recorded log-probs are the old policy's.
-            t0 = time.perf_counter()
-            check = sampling.check_recorded_logprobs(model, rollouts, tol=config.logprob_check_tol)
-            t_check = time.perf_counter() - t0
-            repeated = consumed_set.intersection(r.rollout_id for r in rollouts)
-            if repeated:
-                raise RuntimeError(f"rollouts {sorted(repeated)} were already optimised; a rollout is used once")
-
-            # Stage 5: two updates on the same rollouts.
-            t0 = time.perf_counter()
-            batch = scoring.make_batch([r.prompt_ids for r in rollouts], [r.response_ids for r in rollouts],
-                                       pad_id=tokenizer.pad_token_id).to(device)
-            old = padded([r.behaviour_logprobs for r in rollouts], batch.response_mask.shape[1])
-            flat_advantages = advantages.reshape(-1)
-            updates = []
-            for _ in range(config.updates_per_iteration):
-                lr = warmup_linear_decay(next_update, total_updates, config.grpo_lr,
-                                         config.warmup_fraction, config.final_lr_fraction)
-                for group in optimizer.param_groups:
-                    group["lr"] = lr
-                optimizer.zero_grad(set_to_none=True)
-                loss, metrics = grpo_loss(model, reference, batch, old, flat_advantages, G, config)
-                loss.backward()
-                grad_norm = float(torch.nn.utils.clip_grad_norm_(parameters, config.grad_clip))
-                optimizer.step()
-                updates.append({**metrics, "grad_norm": grad_norm, "learning_rate": lr})
-                next_update += 1
-            t_optimisation = time.perf_counter() - t0
-            consumed += [r.rollout_id for r in rollouts]
-            consumed_set.update(r.rollout_id for r in rollouts)
-
-            # Stage 6: log, keep the rollouts, save the state when asked.
-            lengths = [len(r.response_ids) for r in rollouts]
-            record = {
-                "iteration": iteration + 1,
-                "problem_ids": [p["id"] for p in chosen],
-                "reward": float(rewards.mean()),
-                "reward_std": float(rewards.std(correction=0, dim=1).mean()),
-                "frac_reward_zero_std": float(zero_std.float().mean()),
-                "valid_json": sum(v.valid for v in verdicts) / len(verdicts),
-                "completions/mean_length": sum(lengths) / len(lengths),
-                "completions/clipped_ratio": sum(r.finish_reason == "length" for r in rollouts) / len(rollouts),
-                "logprob_check/max_abs_diff": check["max_abs_diff"],
-                "updates": updates,
-                # the figures trainers log, from the last update of the iteration
-                **{k: updates[-1][k] for k in ("kl", "entropy", "grad_norm", "learning_rate",
-                                               "clip_ratio/low_mean", "clip_ratio/high_mean",
-                                               "clip_ratio/region_mean")},
-            }
-            history.append(record)
-            # The iteration's rollouts go to disk now (appended, synced), before any state counts them.
-            folder.append(ROLLOUTS_PART, [rollout_record(r, iteration + 1, verdicts[i], float(flat_advantages[i]))
-                                          for i, r in enumerate(rollouts)])
-            t_total = time.perf_counter() - t_iter
-            folder.append(TIMINGS_PART, [{"iteration": iteration + 1, "generation": t_generation,
-                                          "logprob_check": t_check, "optimisation": t_optimisation,
-                                          "iteration_total": t_total}])
+            record, rows, timings = run_iteration(loop, iteration, sampler)
+            # The iteration's rows go to disk now (appended, synced), before any state counts them.
+            folder.append(ROLLOUTS_PART, rows)
+            folder.append(TIMINGS_PART, [timings])
             if iteration + 1 in save_states_at or iteration + 1 == end_iteration:
-                t0 = time.perf_counter()
-                snapshot = state_lib.capture_state(
-                    model=model, optimizer=optimizer, scheduler={"next_update": next_update, "total": total_updates},
-                    data_order=order.state(), generators={"generation": generation}, history=history,
-                    consumed_ids=consumed, identity=identity, progress={"iteration": iteration + 1},
-                )
-                # The ledger of this boundary travels as evidence (it holds the timings' digest, which
-                # differs between runs that computed the same thing, so it is not compared).
-                path = state_path(run_dir, iteration + 1)
-                info = state_lib.save_state(path, snapshot, evidence={"ledger": folder.ledger()})
-                folder.register(str(path.relative_to(run_dir)), info["sha256"])
-                info["path"] = str(path.relative_to(run_dir))
-                info["seconds_total"] = time.perf_counter() - t0
-                state_files.append(info)
+                state_files.append(save_loop_state(folder, loop, iteration + 1))
             bar.update(1)
             bar.set_postfix(reward=f"{record['reward']:.2f}", kl=f"{record['kl']:.2e}",
                             zero_std=f"{record['frac_reward_zero_std']:.2f}")
     bar.close()
-
-    if reference.training or any(p.requires_grad for p in reference.parameters()):
-        raise RuntimeError("the reference left eval mode or gained gradients")
-    if models.parameter_digest(reference) != reference_digest:
-        raise RuntimeError("the reference changed during the run; it must stay frozen")
-
-    summary = {
-        "iterations_run": [first_iteration, end_iteration],
-        "state_files": state_files,
-        "seconds": time.perf_counter() - began,
-    }
+    summary = {"iterations_run": [first_iteration, end_iteration], "state_files": state_files,
+               "seconds": time.perf_counter() - began}
     if end_iteration < total_iterations:
-        write_json(run_dir / f"stopped-at-{end_iteration:03d}.json", summary)
+        write_json(folder / f"stopped-at-{end_iteration:03d}.json", summary)
         return summary
-    rows = read_rollouts(run_dir)  # checked against the ledger before the run is called finished
-    if len(rows) != P * G * (end_iteration - first_in_folder + 1):
-        raise RuntimeError(f"{run_dir}: {len(rows)} rollouts on disk, not one per sampled response")
+    return finish_run(folder, loop, first_in_folder, resume_from, summary)
 
-    # Finished: final model saved, reloaded, digest compared.
-    final_digest = models.parameter_digest(model)
-    models.save_model(model, run_dir / "model.safetensors")
-    reloaded, _ = models.load(config.name, state=run_dir / "model.safetensors", device=device)
+
+def save_loop_state(folder: RunFolder, loop: Loop, iteration: int) -> dict:
+    """A full state after `iteration`, carrying the folder's ledger of that boundary as evidence
+    (it holds the timings' digest, which differs between runs that computed the same thing, so it
+    is not compared); registered in the ledger with its digest."""
+    t0 = time.perf_counter()
+    path = state_path(folder.path, iteration)
+    info = state_lib.save_state(path, loop.capture(iteration), evidence={"ledger": folder.ledger()})
+    folder.register(str(path.relative_to(folder.path)), info["sha256"])
+    return {**info, "path": str(path.relative_to(folder.path)), "seconds_total": time.perf_counter() - t0}
+
+
+def finish_run(folder: RunFolder, loop: Loop, first_in_folder: int, resume_from: Path | None, summary: dict) -> dict:
+    """The final checks, model, history and manifest; then FINISHED."""
+    if loop.reference.training or any(p.requires_grad for p in loop.reference.parameters()):
+        raise RuntimeError("the reference left eval mode or gained gradients")
+    if models.parameter_digest(loop.reference) != loop.reference_digest:
+        raise RuntimeError("the reference changed during the run; it must stay frozen")
+    rows = read_rollouts(folder.path)  # checked against the ledger before the run is called finished
+    end_iteration = summary["iterations_run"][1]
+    if len(rows) != loop.config.prompts_per_iteration * loop.G * (end_iteration - first_in_folder + 1):
+        raise RuntimeError(f"{folder}: {len(rows)} rollouts on disk, not one per sampled response")
+    final_digest = models.parameter_digest(loop.model)
+    models.save_model(loop.model, folder / "model.safetensors")
+    device = loop.identity["device"]
+    reloaded, _ = models.load(loop.config.name, state=folder / "model.safetensors", device=device)
     if models.parameter_digest(reloaded) != final_digest:
         raise RuntimeError("the saved GRPO model does not reload to the same parameters")
-    write_json(run_dir / "history.json", history)
+    write_json(folder / "history.json", loop.history)
     folder.register("model.safetensors")
     folder.register("history.json")
     manifest = {
         "step": "grpo",
-        "identity": {k: v for k, v in identity.items() if k != "pool_ids"},
-        "config": config.to_dict(),
+        "identity": {k: v for k, v in loop.identity.items() if k != "pool_ids"},
+        "config": loop.config.to_dict(),
         "code_sha256": code_digests(),
         "data_sha256": data_digests(),
         "environment": environment(device),
-        "reference_digest": reference_digest,
+        "reference_digest": loop.reference_digest,
         "final_digest": final_digest,
-        "rollouts": len(consumed),
-        "updates": next_update,
+        "rollouts": len(loop.consumed),
+        "updates": loop.next_update,
         "resumed_from": str(resume_from) if resume_from else None,
         "first_iteration_in_folder": first_in_folder,
         "generated_tokens": sum(len(r["response_ids"]) for r in rows),
         "ledger": folder.ledger(),
         **summary,
     }
-    write_json(run_dir / "manifest.json", manifest)
+    write_json(folder / "manifest.json", manifest)
     folder.mark_finished({"final_digest": final_digest})
     return manifest
 

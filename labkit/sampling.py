@@ -50,9 +50,9 @@ LOGPROB_TOLERANCE = 2e-4  # the protocol's tolerance for recorded vs re-scored l
 class Rollout:
     """One sampled response and everything needed to score it and learn from it.
 
-    prompt_id:          the problem id (e.g. "train-0131"); prompt_ids are its token ids
+    problem_id:         the problem id (e.g. "train-0131"); prompt_ids are its prompt's token ids
     response_ids:       generated ids, EOS included when finish_reason is "eos"
-    behaviour_logprobs: log-prob of each generated id under the sampling policy, one per id
+    old_logprobs:       log-prob of each generated id under the sampling (old) policy, one per id
     finish_reason:      "eos" (emitted EOS) or "length" (hit max_new_tokens without EOS)
     text:               decoded response, EOS removed, other special tokens kept, undecodable
                         ids shown as <|undecodable:ID|>
@@ -64,10 +64,10 @@ class Rollout:
     """
 
     rollout_id: str
-    prompt_id: str | None
+    problem_id: str | None
     prompt_ids: list[int]
     response_ids: list[int]
-    behaviour_logprobs: list[float]
+    old_logprobs: list[float]
     finish_reason: str
     text: str
     tokenization_valid: bool
@@ -235,10 +235,10 @@ def _make_rollout(tokenizer, eos, prompt, response, logprobs, seconds, digest, s
     text, valid = decode_response(tokenizer, response, eos)
     return Rollout(
         rollout_id=rollout_id,
-        prompt_id=problem_id,
+        problem_id=problem_id,
         prompt_ids=list(prompt),
         response_ids=response,
-        behaviour_logprobs=logprobs,
+        old_logprobs=logprobs,
         finish_reason="eos" if response and response[-1] == eos else "length",
         text=text,
         tokenization_valid=valid,
@@ -444,42 +444,49 @@ def check_recorded_logprobs(model, rollouts: list[Rollout], tol: float = LOGPROB
     """
     if not rollouts:
         raise ValueError("no rollouts to check")
-    for r in rollouts:
-        if len(r.behaviour_logprobs) != len(r.response_ids):
-            raise ValueError(
-                f"rollout {r.rollout_id}: {len(r.behaviour_logprobs)} log-probs for {len(r.response_ids)} tokens"
-            )
-    worst = (0.0, None, None)
-    tokens = 0
+    results = []
     for first in range(0, len(rollouts), batch_size):
         chunk = rollouts[first:first + batch_size]
         # The pad value never matters: padding is after each row and masked by position.
         batch = scoring.make_batch([r.prompt_ids for r in chunk], [r.response_ids for r in chunk], pad_id=0)
         logp, _ = scoring.response_logprobs(model, batch)
-        logp = logp.cpu().double()
-        for b, r in enumerate(chunk):
-            recorded = torch.tensor(r.behaviour_logprobs, dtype=torch.float64)
-            diff = (logp[b, : len(recorded)] - recorded).abs()
-            tokens += len(recorded)
-            step = int(torch.argmax(diff))
-            if float(diff[step]) >= worst[0] or worst[1] is None:
-                worst = (float(diff[step]), r.rollout_id, step)
-    result = {
-        "ok": worst[0] <= tol,
-        "max_abs_diff": worst[0],
-        "tol": tol,
-        "rollouts": len(rollouts),
-        "tokens": tokens,
-        "worst_rollout_id": worst[1],
-        "worst_step": worst[2],
-    }
+        results.append(compare_with_recorded(logp, chunk, tol=tol, strict=False))
+    worst = max(reversed(results), key=lambda r: r["max_abs_diff"])  # on a tie, the later rollout (as one pass)
+    result = {**worst, "ok": worst["max_abs_diff"] <= tol, "rollouts": len(rollouts),
+              "tokens": sum(r["tokens"] for r in results)}
     if strict and not result["ok"]:
-        raise ValueError(
-            f"recorded behaviour log-probs are not reproduced: max |difference| {worst[0]:.3g} > {tol:g} "
-            f"(rollout {worst[1]}, step {worst[2]}); was the model in train mode (dropout), or changed "
-            "since sampling?"
-        )
+        raise ValueError(_mismatch_message(result))
     return result
+
+
+def compare_with_recorded(logp: torch.Tensor, rollouts: list[Rollout], tol: float = LOGPROB_TOLERANCE,
+                          strict: bool = True) -> dict:
+    """Compare teacher-forced log-probs `logp` (B, R) of `rollouts` (one row each, in order) with
+    the log-probs recorded at sampling time, token by token; same result and refusal as
+    `check_recorded_logprobs`, for a caller that already has the forward (the GRPO update)."""
+    logp = logp.detach().cpu().double()
+    worst = (0.0, None, None)
+    tokens = 0
+    for b, r in enumerate(rollouts):
+        if len(r.old_logprobs) != len(r.response_ids):
+            raise ValueError(f"rollout {r.rollout_id}: {len(r.old_logprobs)} log-probs for {len(r.response_ids)} tokens")
+        recorded = torch.tensor(r.old_logprobs, dtype=torch.float64)
+        diff = (logp[b, : len(recorded)] - recorded).abs()
+        tokens += len(recorded)
+        step = int(torch.argmax(diff))
+        if float(diff[step]) >= worst[0] or worst[1] is None:
+            worst = (float(diff[step]), r.rollout_id, step)
+    result = {"ok": worst[0] <= tol, "max_abs_diff": worst[0], "tol": tol, "rollouts": len(rollouts),
+              "tokens": tokens, "worst_rollout_id": worst[1], "worst_step": worst[2]}
+    if strict and not result["ok"]:
+        raise ValueError(_mismatch_message(result))
+    return result
+
+
+def _mismatch_message(result: dict) -> str:
+    return (f"recorded behaviour log-probs are not reproduced: max |difference| {result['max_abs_diff']:.3g} > "
+            f"{result['tol']:g} (rollout {result['worst_rollout_id']}, step {result['worst_step']}); was the model "
+            "in train mode (dropout), or changed since sampling?")
 
 
 # --- 7. A group: G responses to one prompt, verified -----------------------------------------
@@ -505,24 +512,41 @@ class Group:
         }
 
 
+def sample_groups(model, tokenizer, problems: list[tuple[str, list[int], object]], G: int, seeds: list[int],
+                  sampler: str = "reference", max_new_tokens: int = MAX_NEW_TOKENS,
+                  policy_digest: str | None = None, rollout_ids: list[str] | None = None) -> list[Group]:
+    """G responses to each of several prompts, in ONE sampler call (the fast sampler batches all
+    P x G rows), each response verified against its problem.
+
+    problems: [(problem_id, prompt token ids, problem)] for P problems; seeds: P x G, prompt-major.
+    The verifier sees the problem's structure, never the model; the model sees only the prompt.
+    """
+    if len(seeds) != len(problems) * G:
+        raise ValueError(f"{len(seeds)} seeds for {len(problems)} groups of G={G}; each response has its own seed")
+    rollouts = get_sampler(sampler)(
+        model, tokenizer, [prompt for _, prompt, _ in problems for _ in range(G)], list(seeds),
+        max_new_tokens=max_new_tokens, problem_ids=[pid for pid, _, _ in problems for _ in range(G)],
+        rollout_ids=rollout_ids, policy_digest=policy_digest,
+    )
+    groups = []
+    for k, (problem_id, prompt, problem) in enumerate(problems):
+        mine = rollouts[k * G:(k + 1) * G]
+        verdicts = [verifier.score(r.text, r.finish_reason, problem, r.tokenization_valid) for r in mine]
+        groups.append(Group(problem_id=problem_id, prompt_ids=prompt, rollouts=mine, verdicts=verdicts,
+                            rewards=[float(v.reward) for v in verdicts]))
+    return groups
+
+
 def sample_group(model, tokenizer, problem_id: str, statement: str, problem, G: int, seeds: list[int],
                  sampler: str = "reference", max_new_tokens: int = MAX_NEW_TOKENS,
                  policy_digest: str | None = None, rollout_ids: list[str] | None = None) -> Group:
-    """G responses to one statement (one seed each), each verified against `problem`.
-
-    The verifier sees the problem's structure, never the model; the model sees
-    only the prompt built from the statement.  Every rollout keeps `problem_id`.
-    """
+    """G responses to one statement (one seed each), each verified against `problem`: the group of
+    chapter 2.  Every rollout keeps `problem_id`."""
     if len(seeds) != G:
         raise ValueError(f"{len(seeds)} seeds for a group of G={G}; each response has its own seed")
     prompt = scoring.build_prompt_ids(tokenizer, statement)
-    rollouts = get_sampler(sampler)(
-        model, tokenizer, [prompt] * G, list(seeds), max_new_tokens=max_new_tokens,
-        problem_ids=[problem_id] * G, rollout_ids=rollout_ids, policy_digest=policy_digest,
-    )
-    verdicts = [verifier.score(r.text, r.finish_reason, problem, r.tokenization_valid) for r in rollouts]
-    return Group(problem_id=problem_id, prompt_ids=prompt, rollouts=rollouts, verdicts=verdicts,
-                 rewards=[float(v.reward) for v in verdicts])
+    return sample_groups(model, tokenizer, [(problem_id, prompt, problem)], G, seeds, sampler=sampler,
+                         max_new_tokens=max_new_tokens, policy_digest=policy_digest, rollout_ids=rollout_ids)[0]
 
 
 # --- 8. Do the two samplers agree? ------------------------------------------------------------
@@ -562,8 +586,8 @@ def explain_mismatch(model, reference: Rollout, fast: Rollout) -> dict:
         "fast_token": fast_token,
         "top2_gap": float(top2.values[0] - top2.values[1]),
         "score_gap_between_the_two_tokens": float(scores[ref_token] - scores[fast_token]),
-        "reference_logprob": reference.behaviour_logprobs[step],
-        "fast_logprob": fast.behaviour_logprobs[step],
+        "reference_logprob": reference.old_logprobs[step],
+        "fast_logprob": fast.old_logprobs[step],
     })
     return info
 

@@ -210,7 +210,7 @@ def greedy_validation(model, tokenizer, examples: list[Example], sampler: str = 
     rollouts = sampling.get_sampler(sampler)(
         model, tokenizer, [list(e.prompt_ids) for e in examples], greedy=True, problem_ids=[e.id for e in examples]
     )
-    verdicts = [verifier.score(r.text, r.finish_reason, labels[r.prompt_id]["problem"], r.tokenization_valid)
+    verdicts = [verifier.score(r.text, r.finish_reason, labels[r.problem_id]["problem"], r.tokenization_valid)
                 for r in rollouts]
     reasons: dict[str, int] = {}
     for v in verdicts:

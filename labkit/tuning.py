@@ -42,7 +42,7 @@ def validation_profile(config: PresetConfig, state_file: str | Path, draws: int 
     ids = [s["id"] for s in statements]
 
     def verdicts(rollouts):
-        return [score(r.text, r.finish_reason, labels[r.prompt_id]["problem"], r.tokenization_valid) for r in rollouts]
+        return [score(r.text, r.finish_reason, labels[r.problem_id]["problem"], r.tokenization_valid) for r in rollouts]
 
     greedy = verdicts(sampling.sample_fast(model, tokenizer, prompts, greedy=True, problem_ids=ids,
                                            max_new_tokens=config.max_response_tokens))

@@ -20,15 +20,6 @@ PROBLEMS = [
 ]
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """The tiny model gains nothing from threads, and on a shared 2-core machine they oversubscribe."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 @pytest.fixture(scope="module")
 def tokenizer():
     return load_tiny_tokenizer()
@@ -94,7 +85,7 @@ def test_fast_equals_reference(model, tokenizer, prompts, digest, greedy):
     assert [r.text for r in fast] == [r.text for r in reference]
     for r, f in zip(reference, fast):
         assert f.sampler == "fast" and f.seed == r.seed
-        assert torch.allclose(torch.tensor(f.behaviour_logprobs), torch.tensor(r.behaviour_logprobs), atol=1e-5)
+        assert torch.allclose(torch.tensor(f.old_logprobs), torch.tensor(r.old_logprobs), atol=1e-5)
     if not greedy:  # the seeds matter: different seeds of one prompt give different responses
         assert reference[0].response_ids != reference[1].response_ids
 
@@ -133,7 +124,7 @@ def test_length_stop_is_recorded(model, tokenizer, prompts, digest):
     (rollout,) = sampling.sample_reference(model, tokenizer, prompts[:1], [3], max_new_tokens=5, policy_digest=digest)
     assert tokenizer.eos_token_id not in rollout.response_ids  # the random model does not stop here
     assert rollout.finish_reason == "length"
-    assert len(rollout.response_ids) == len(rollout.behaviour_logprobs) == 5
+    assert len(rollout.response_ids) == len(rollout.old_logprobs) == 5
 
 
 def test_recorded_logprobs_match_full_sequence_scores(model, tokenizer, prompts, digest):
@@ -146,7 +137,7 @@ def test_recorded_logprobs_match_full_sequence_scores(model, tokenizer, prompts,
     assert result["tokens"] == sum(len(r.response_ids) for r in rollouts)
 
     # A recorded score that is off by more than the tolerance is caught.
-    rollouts[1].behaviour_logprobs[2] += 1e-3
+    rollouts[1].old_logprobs[2] += 1e-3
     with pytest.raises(ValueError, match="not reproduced"):
         sampling.check_recorded_logprobs(model, rollouts)
     assert sampling.check_recorded_logprobs(model, rollouts, strict=False)["worst_rollout_id"] == rollouts[1].rollout_id
@@ -229,18 +220,18 @@ def test_rollout_record_is_complete_and_serialisable(model, tokenizer, prompts, 
                                      policy_digest=digest)
     d = json.loads(json.dumps(r.to_dict()))
     assert sampling.Rollout.from_dict(d) == r
-    assert d["prompt_id"] == "train-0200" and d["prompt_ids"] == prompts[0] and d["seed"] == 11
+    assert d["problem_id"] == "train-0200" and d["prompt_ids"] == prompts[0] and d["seed"] == 11
     assert d["policy_digest"] == parameter_digest(model) and d["sampler"] == "reference" and d["seconds"] > 0
     assert d["rollout_id"] == "train-0200/s11"
 
 
-def test_group_verifies_each_response_and_keeps_one_prompt_id(model, tokenizer, digest):
+def test_group_verifies_each_response_and_keeps_one_problem_id(model, tokenizer, digest):
     problem = PROBLEMS[1]
     statement = render_statement(problem, 0, "lamps")
     group = sampling.sample_group(model, tokenizer, "train-0300", statement, problem, G=4, seeds=[7, 8, 9, 10],
                                   max_new_tokens=NEW_TOKENS, policy_digest=digest)
     assert group.problem_id == "train-0300" and len(group.rollouts) == 4
-    assert {r.prompt_id for r in group.rollouts} == {"train-0300"}
+    assert {r.problem_id for r in group.rollouts} == {"train-0300"}
     assert all(r.prompt_ids == group.prompt_ids for r in group.rollouts)
     expected = [verifier.score(r.text, r.finish_reason, problem, r.tokenization_valid) for r in group.rollouts]
     assert group.verdicts == expected
