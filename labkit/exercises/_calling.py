@@ -1,0 +1,40 @@
+"""What every checker shares: the error it raises and the one way it calls the student's code.
+
+The student's function may raise anything.  A checker never lets that crash it: it calls
+the function through `call_student`, which turns the exception into an `ExerciseError`
+that says where (the case) and what was raised.  A stub's `NotImplementedError` carries
+its own "your turn" message, so it propagates unchanged (or, where a chapter asks, is
+reported as "not written yet").
+"""
+
+from __future__ import annotations
+
+
+class ExerciseError(AssertionError):
+    """The student's answer is wrong; the message says how."""
+
+
+def require_function(answer) -> None:
+    """Refuse anything but a callable: the student passes the function itself, not its result."""
+    if not callable(answer):
+        raise ExerciseError(f"pass your function itself, not {type(answer).__name__}")
+
+
+def call_student(function, *args, where: str, hint: str = "", not_written: str | None = None):
+    """`function(*args)`, the student's answer for one case; what it raises becomes an ExerciseError.
+
+    where: the case, as the message names it ("case 3 of 10: f(x=1)").  Any exception
+    becomes ExerciseError(f"{where} raised {type}: {message}{hint}"); hint, when given,
+    follows the exception's message as written (so it starts with its own punctuation).
+    NotImplementedError (a stub not written yet) propagates unchanged, or, when
+    `not_written` names the function, becomes ExerciseError(f"{not_written} is not written
+    yet ({message})").
+    """
+    try:
+        return function(*args)
+    except NotImplementedError as err:
+        if not_written is None:
+            raise  # the stub's "your turn" message, unchanged
+        raise ExerciseError(f"{not_written} is not written yet ({err})") from None
+    except Exception as err:  # the student's code may raise anything; report it, never crash
+        raise ExerciseError(f"{where} raised {type(err).__name__}: {err}{hint}") from None
