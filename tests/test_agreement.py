@@ -17,15 +17,6 @@ DRAWS = 2
 NEW_TOKENS = 6  # short responses keep the tests fast; counting does not depend on the length
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """The tiny model gains nothing from threads, and on a shared 2-core machine they oversubscribe."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 @pytest.fixture(scope="module")
 def tokenizer():
     return load_tiny_tokenizer()

@@ -16,15 +16,6 @@ NEW_TOKENS = 6  # short responses keep the tests fast; nothing here depends on t
 LIMIT = 2  # problems per population: 4 problems, 4 greedy and 16 sampled responses per policy
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """The tiny model gains nothing from threads, and on a shared 2-core machine they oversubscribe."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 @pytest.fixture(scope="module")
 def state_files(tmp_path_factory):
     """Two different random-init tiny policies saved as safetensors files."""

@@ -12,15 +12,6 @@ SMALL = TINY.with_overrides(max_response_tokens=6, grpo_lr=1e-3)
 ITERATIONS = 2
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """The tiny model gains nothing from threads, and on a shared 2-core machine they oversubscribe."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 # -- 1. constant groups ---------------------------------------------------------------------------
 
 

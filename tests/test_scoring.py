@@ -14,15 +14,6 @@ from labkit.tokenizer import load_tiny_tokenizer
 STATEMENT = "A warehouse holds 12 boxes. It receives deliveries of 3 and 4 boxes, then ships out 5 and 6 boxes. How many boxes are in stock now?"
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """The tiny model gains nothing from threads, and on a shared 2-core machine they oversubscribe."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 @pytest.fixture(scope="module")
 def tokenizer():
     return load_tiny_tokenizer()
