@@ -65,7 +65,7 @@ from pathlib import Path
 
 import torch
 
-from . import data, runtime, scoring, verifier
+from . import data, metrics, runtime, scoring, verifier
 from .config import get_preset
 from .runs import (FINISHED_MARKER, REPO_ROOT, dumps_json, ensure_not_finished, is_finished, mark_finished,
                    read_json, read_jsonl, sha256_file, write_json, write_jsonl)
@@ -85,28 +85,8 @@ COSTS_FILE = "costs.json"
 RESULTS_FILE = "results.json"
 RESULTS_FORMAT = "labkit evaluation results v1"
 
-# Every name of results.json, documented once (STYLE.md practice 7).
-METRICS = {
-    "responses": "responses scored (greedy: 1 per problem; sample: 4 per problem), invalid ones included",
-    "problems": "distinct test problems among those responses",
-    "correct": "responses with reward 1 (complete, valid, correct)",
-    "success_rate": "correct / responses; greedy: greedy pass@1; sample: per-draw success over all samples, "
-                    "never best-of-4",
-    "valid_json": "fraction of responses whose text is a schema-valid answer (verifier Verdict.valid: one JSON "
-                  "object, one integer field final_stock in 0..300), whatever the EOS, token ids or target",
-    "valid_json_responses": "the count behind valid_json",
-    "without_eos": "responses that hit the token limit without emitting EOS (count)",
-    "without_eos_rate": "without_eos / responses",
-    "mean_response_tokens": "mean generated tokens per response, EOS included when emitted",
-    "reasons": "responses per verifier outcome: 'correct' and every reason of verifier.REASONS (0 included); "
-               "they sum to responses",
-    "*_ci": "Wilson 95% interval [low, high] of the rate beside it (a binomial proportion over the responses, "
-            "or over the problems for best-of-k)",
-    "pass_at_k": "sample mode: unbiased pass@k (Chen et al. 2021), mean over problems of 1 - C(n-c,k)/C(n,k), "
-                 "with its exact sampling budget",
-    "best_of_4_not_pass_at_1": "sample mode: fraction of problems with at least one correct sample among 4 "
-                               "(= pass@4); an inflated number when reported as pass@1",
-}
+# Every name of results.json, documented once, in labkit.metrics (STYLE.md practice 7).
+METRICS = metrics.EVALUATION
 NOTES = (
     "Test samples are small: 200 greedy responses (100 per population) and 800 samples (400 per population); "
     "read every rate with its Wilson 95% interval.",

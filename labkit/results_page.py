@@ -78,11 +78,11 @@ def _training_rows(run: Path) -> list[str]:
         m = read_json(path)
         greedy = m.get("validation_greedy") or {}
         nll = [round(e["nll"], 4) for e in m.get("validation_nll", [])]
-        acc = f"greedy validation accuracy {_pct(greedy['accuracy'])} ({greedy['correct']}/{greedy['problems']})" \
+        acc = f"greedy validation accuracy {_pct(greedy['success_rate'])} ({greedy['correct']}/{greedy['problems']})" \
             if greedy else "no greedy validation recorded"
         start = m.get("start_validation_greedy")
-        before = (f" It started from a model with greedy validation accuracy {_pct(start['accuracy'])} and valid "
-                  f"JSON in {_pct(start['json_valid'])} of its responses.") if start else ""
+        before = (f" It started from a model with greedy validation accuracy {_pct(start['success_rate'])} and valid "
+                  f"JSON in {_pct(start['valid_json'])} of its responses.") if start else ""
         lines.append(f"- **{branch}**: {m['counts']['updates']} updates; validation NLL before training and after "
                      f"each epoch {nll}; {acc}.{before}")
     history = run / "grpo" / "history.json"

@@ -50,7 +50,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
@@ -201,8 +201,8 @@ def greedy_validation(model, tokenizer, examples: list[Example], sampler: str = 
     Measured once, after training, on the final model: it reports what the
     branch reached and chooses nothing.  The fast sampler's greedy tokens are
     checked equal to the reference sampler's in tests/test_sampling.py.
-    Returns {"sampler", "problems", "correct", "accuracy", "json_valid",
-    "missing_eos", "mean_response_tokens", "reasons"}.
+    Returns {"sampler", "problems", "correct", "success_rate", "valid_json",
+    "without_eos", "mean_response_tokens", "reasons"} (the names of labkit.metrics).
     """
     from . import sampling, verifier
 
@@ -221,9 +221,9 @@ def greedy_validation(model, tokenizer, examples: list[Example], sampler: str = 
         "sampler": sampler,
         "problems": len(verdicts),
         "correct": correct,
-        "accuracy": correct / len(verdicts),
-        "json_valid": sum(v.valid for v in verdicts) / len(verdicts),
-        "missing_eos": sum(r.finish_reason != "eos" for r in rollouts),
+        "success_rate": correct / len(verdicts),
+        "valid_json": sum(v.valid for v in verdicts) / len(verdicts),
+        "without_eos": sum(r.finish_reason != "eos" for r in rollouts),
         "mean_response_tokens": sum(len(r.response_ids) for r in rollouts) / len(rollouts),
         "reasons": dict(sorted(reasons.items())),
     }
@@ -290,6 +290,131 @@ def _identity(config: PresetConfig, plan: Plan, examples, validation, initial_di
     }
 
 
+@dataclass
+class Branch:
+    """What an SFT branch carries from one epoch to the next (all of it is in a saved state)."""
+
+    config: PresetConfig
+    plan: Plan
+    model: torch.nn.Module
+    tokenizer: object
+    examples: list[Example]
+    validation: list[Example]
+    identity: dict
+    initial_digest: str
+    was_training: bool = False  # the mode the model came in, handed back at the end
+    optimizer: torch.optim.Optimizer | None = None
+    order_generator: torch.Generator | None = None
+    history: list[dict] = field(default_factory=list)
+    consumed: list[str] = field(default_factory=list)
+    progress: dict = field(default_factory=lambda: {"epochs_done": 0, "updates_done": 0, "validation": []})
+    data_order: dict = field(default_factory=lambda: {"epoch": 0, "permutation": [], "cursor": 0})
+
+    @property
+    def parameters(self) -> list[torch.nn.Parameter]:
+        return [p for group in self.optimizer.param_groups for p in group["params"]]
+
+    def start_optimizer(self) -> None:
+        """AdamW and the data-order generator, fresh (a resume then overwrites both from its state)."""
+        self.optimizer = torch.optim.AdamW([p for p in self.model.parameters() if p.requires_grad],
+                                           lr=self.plan.peak_lr, weight_decay=self.plan.weight_decay)
+        self.order_generator = torch.Generator().manual_seed(self.plan.data_order_seed)
+
+    def capture(self) -> dict:
+        return state_lib.capture_state(
+            model=self.model, optimizer=self.optimizer,
+            scheduler=_scheduler_position(self.plan, self.progress["updates_done"]), data_order=self.data_order,
+            generators={"data_order": self.order_generator}, history=self.history, consumed_ids=self.consumed,
+            identity=self.identity, progress=self.progress,
+        )
+
+    def restore(self, path: Path) -> dict:
+        """Continue from a saved state of the same run; returns what the manifest records of it."""
+        saved, _ = state_lib.load_state(path)
+        mismatch = state_lib.compare_states(saved["identity"], self.identity)
+        if not mismatch["equal"]:
+            raise ValueError(f"{path} is the state of another run; identity differs in {mismatch['different_fields']}")
+        rest = state_lib.restore_state(saved, model=self.model, optimizer=self.optimizer,
+                                       generators={"data_order": self.order_generator})
+        self.history, self.consumed = rest["history"], rest["consumed_ids"]
+        self.progress, self.data_order = rest["progress"], rest["data_order"]
+        if rest["scheduler"] != _scheduler_position(self.plan, self.progress["updates_done"]):
+            raise ValueError(f"{path}: scheduler position {rest['scheduler']} disagrees with {self.progress}")
+        return {"path": str(path), "sha256": sha256_file(path), "epochs_done": self.progress["epochs_done"]}
+
+
+def _open_folder(branch: str, plan: Plan, folder: RunFolder, stop_after_epochs, validation_limit, resume_from,
+                 overwrite: bool) -> Path | None:
+    """Refuse bad options before any work; open the folder, clearing an earlier attempt's files."""
+    if stop_after_epochs is not None and not 1 <= stop_after_epochs < plan.epochs:
+        raise ValueError(f"stop_after_epochs must lie in 1..{plan.epochs - 1} for {branch}, got {stop_after_epochs}")
+    if validation_limit is not None and validation_limit < 1:
+        raise ValueError(f"validation_limit {validation_limit}: must be at least 1 (or None for all 200)")
+    if resume_from is not None:
+        resume_from = run_path(resume_from)
+        if not resume_from.is_file():
+            raise FileNotFoundError(f"--resume-from {resume_from}: no such state file (states are in <run>/states/)")
+        data.check_path_access("learning", resume_from)
+    run_dir = folder.open_for_writing(overwrite).path
+    if resume_from is not None and resume_from.parent.parent == run_dir:
+        # Resuming in the run's own folder: states of later epochs belong to a lost attempt,
+        # and so do the half-written files of a killed write (atomic_write_bytes' temporaries).
+        removed = [p for p in folder.states.glob("epoch-*.pt.gz") if _epoch_of(p) > _epoch_of(resume_from)]
+        removed += list(folder.path.glob(".*.tmp")) + list(folder.states.glob(".*.tmp"))
+        for path in removed:
+            path.unlink()
+    else:
+        # A fresh start (or a resume into a new folder) must not mix with an earlier attempt's
+        # files: a later resume could pick an old state.
+        removed = folder.clear(ATTEMPT_FILES)
+    if removed:
+        print(f"{run_dir}: removed {len(removed)} file(s) of an earlier, unfinished attempt "
+              f"({', '.join(sorted(str(p.relative_to(run_dir)) for p in removed))})", flush=True)
+    return resume_from
+
+
+def start_branch(config: PresetConfig, plan: Plan, model_factory: ModelFactory, validation_limit: int | None,
+                 expected_start: str | None, start_description: str | None) -> Branch:
+    """Stage 1: the starting model (eval mode, digest checked), the branch's examples, the identity."""
+    from . import models
+
+    model, tokenizer = model_factory()
+    was_training = model.training
+    model.eval()  # eval mode for everything: see the module docstring
+    initial_digest = models.parameter_digest(model)
+    if expected_start is not None and initial_digest != expected_start:
+        raise ValueError(f"{start_description} loads with digest {initial_digest}, the warm start ended at {expected_start}")
+    device = str(next(model.parameters()).device)
+    examples = branch_examples(load_split_examples(tokenizer, "train"), plan.branch, config)
+    validation = load_split_examples(tokenizer, "validation")[: validation_limit or None]
+    identity = _identity(config, plan, examples, validation, initial_digest, tokenizer.pad_token_id, device)
+    return Branch(config=config, plan=plan, model=model, tokenizer=tokenizer, examples=examples,
+                  validation=validation, identity=identity, initial_digest=initial_digest, was_training=was_training)
+
+
+def run_epoch(b: Branch, epoch: int, bar) -> dict:
+    """One epoch of updates on a fresh permutation, then the validation NLL; returns its times."""
+    t0 = time.perf_counter()
+    permutation = torch.randperm(len(b.examples), generator=b.order_generator).tolist()
+    b.data_order = {"epoch": epoch, "permutation": permutation, "cursor": 0}
+    pad_id = b.tokenizer.pad_token_id
+    for _ in range(b.plan.updates_per_epoch):
+        chosen = permutation[b.data_order["cursor"]: b.data_order["cursor"] + b.plan.batch_size]
+        b.data_order["cursor"] += len(chosen)
+        record = sft_update(b.model, b.optimizer, b.parameters, [b.examples[i] for i in chosen], pad_id, b.plan,
+                            b.progress["updates_done"], epoch)
+        b.progress["updates_done"] += 1
+        b.history.append(record)
+        b.consumed.extend(f"epoch-{epoch}/{b.examples[i].id}" for i in chosen)
+        bar.update(1)
+        bar.set_postfix(epoch=epoch, loss=f"{record['loss']:.4f}", lr=f"{record['learning_rate']:.2e}")
+    train_seconds = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    b.progress["validation"].append({"epoch": epoch, **validation_nll(b.model, b.validation, pad_id)})
+    b.progress["epochs_done"] = epoch
+    return {"epoch": epoch, "train_seconds": train_seconds, "validation_seconds": time.perf_counter() - t0}
+
+
 def run_branch(
     config: PresetConfig | str,
     branch: str,
@@ -307,47 +432,21 @@ def run_branch(
 ) -> dict:
     """Train one SFT branch into `run_dir`; returns the manifest.
 
-    model_factory      () -> (model, tokenizer) giving the starting model (default:
-                       the preset's base for warm_start, the finished warm start for sft)
-    stop_after_epochs  stop (and save the state) after this many epochs; the run is
-                       then not finished (no model, no FINISHED marker)
-    resume_from        a state file of the same run (same identity) to continue from
-                       with a fresh model object, optimizer and generator
+    model_factory      () -> (model, tokenizer) giving the starting model (default: the preset's
+                       base for warm_start, the finished warm start for sft)
+    stop_after_epochs  stop (and save the state) after this many epochs; the run is then not
+                       finished (no model, no FINISHED marker)
+    resume_from        a state file of the same run (same identity) to continue from with a
+                       fresh model object, optimizer and generator
     validation_limit   score only the first N validation problems (tests)
-    greedy_eval        measure the greedy validation accuracy of the starting model (full
-                       runs only) and of the final model (the resume check's second run
-                       skips it: it is not compared)
+    greedy_eval        measure the greedy validation accuracy of the starting model (full runs
+                       only) and of the final model (the resume check's second run skips it)
     """
-    from . import models
-
     config = get_preset(config) if isinstance(config, str) else config
     check_branch(branch)
     plan = make_plan(config, branch)
     folder = RunFolder(run_dir if run_dir is not None else default_run_dir(config.name, branch))
-    if stop_after_epochs is not None and not 1 <= stop_after_epochs < plan.epochs:
-        raise ValueError(f"stop_after_epochs must lie in 1..{plan.epochs - 1} for {branch}, got {stop_after_epochs}")
-    if validation_limit is not None and validation_limit < 1:
-        raise ValueError(f"validation_limit {validation_limit}: must be at least 1 (or None for all 200)")
-    if resume_from is not None:
-        resume_from = run_path(resume_from)
-        if not resume_from.is_file():
-            raise FileNotFoundError(f"--resume-from {resume_from}: no such state file (states are in <run>/states/)")
-        data.check_path_access("learning", resume_from)
-    run_dir = folder.open_for_writing(overwrite).path
-    if resume_from is not None and resume_from.parent.parent == run_dir:
-        # Resuming in the run's own folder: states of later epochs belong to a lost attempt.
-        removed = [p for p in folder.states.glob("epoch-*.pt.gz") if _epoch_of(p) > _epoch_of(resume_from)]
-        # and half-written files of a killed write (atomic_write_bytes' temporaries), never read
-        removed += list(folder.path.glob(".*.tmp")) + list(folder.states.glob(".*.tmp"))
-        for path in removed:
-            path.unlink()
-    else:
-        # A fresh start (or a resume into a new folder) must not mix with an earlier attempt's
-        # files: a later resume could pick an old state.
-        removed = folder.clear(ATTEMPT_FILES)
-    if removed:
-        print(f"{run_dir}: removed {len(removed)} file(s) of an earlier, unfinished attempt "
-              f"({', '.join(sorted(str(p.relative_to(run_dir)) for p in removed))})", flush=True)
+    resume_from = _open_folder(branch, plan, folder, stop_after_epochs, validation_limit, resume_from, overwrite)
     began = time.perf_counter()
 
     # Stage 1: the starting model, the data, the plan
@@ -355,127 +454,90 @@ def run_branch(
     if model_factory is None:
         model_factory, start_description = start_model_factory(config.name, branch, device)
         if branch == "sft":  # the additional SFT must start exactly where the warm start ended
-            expected_start = read_json(default_run_dir(config.name, "warm_start") / "manifest.json")["final_parameter_digest"]
-    model, tokenizer = model_factory()
-    device = str(next(model.parameters()).device)
-    was_training = model.training
-    model.eval()  # eval mode for everything: see the module docstring
-    initial_digest = models.parameter_digest(model)
-    if expected_start is not None and initial_digest != expected_start:
-        raise ValueError(f"{start_description} loads with digest {initial_digest}, the warm start ended at {expected_start}")
-    load_seconds = time.perf_counter() - began
-    pad_id = tokenizer.pad_token_id
-    train = load_split_examples(tokenizer, "train")
-    examples = branch_examples(train, branch, config)
-    validation = load_split_examples(tokenizer, "validation")[: validation_limit or None]
-    identity = _identity(config, plan, examples, validation, initial_digest, pad_id, device)
-    start_greedy, start_greedy_seconds = None, None
+            expected_start = read_json(default_run_dir(config.name, "warm_start") / "manifest.json")["final_digest"]
+    b = start_branch(config, plan, model_factory, validation_limit, expected_start, start_description)
+    times = {"load_seconds": time.perf_counter() - began, "start_greedy_validation_seconds": None, "epochs": []}
+    start_greedy = None
     if greedy_eval and resume_from is None and stop_after_epochs is None:
         # What the branch starts from (for the warm start: the base, before it has seen the
         # answer format).  Reported beside the end; it chooses nothing.  No RNG is drawn.
         t0 = time.perf_counter()
-        start_greedy = greedy_validation(model, tokenizer, validation)
-        start_greedy_seconds = time.perf_counter() - t0
+        start_greedy = greedy_validation(b.model, b.tokenizer, b.validation)
+        times["start_greedy_validation_seconds"] = time.perf_counter() - t0
 
     # Stage 2: optimizer and data-order generator; fresh or restored from a state
-    parameters = [p for p in model.parameters() if p.requires_grad]
-    optimizer = torch.optim.AdamW(parameters, lr=plan.peak_lr, weight_decay=plan.weight_decay)
-    order_generator = torch.Generator().manual_seed(plan.data_order_seed)
+    b.start_optimizer()
     if resume_from is None:
         seed_everything(config.seed)
-        history, consumed = [], []
-        progress_state = {"epochs_done": 0, "updates_done": 0, "validation": []}
-        data_order = {"epoch": 0, "permutation": [], "cursor": 0}
-        resumed = None
-    else:
-        saved, _ = state_lib.load_state(resume_from)
-        mismatch = state_lib.compare_states(saved["identity"], identity)
-        if not mismatch["equal"]:
-            raise ValueError(f"{resume_from} is the state of another run; identity differs in {mismatch['different_fields']}")
-        rest = state_lib.restore_state(saved, model=model, optimizer=optimizer, generators={"data_order": order_generator})
-        history, consumed = rest["history"], rest["consumed_ids"]
-        progress_state, data_order = rest["progress"], rest["data_order"]
-        if rest["scheduler"] != _scheduler_position(plan, progress_state["updates_done"]):
-            raise ValueError(f"{resume_from}: scheduler position {rest['scheduler']} disagrees with {progress_state}")
-        resumed = {"path": str(resume_from), "sha256": sha256_file(resume_from), "epochs_done": progress_state["epochs_done"]}
-        del saved
+    resumed = b.restore(resume_from) if resume_from is not None else None
 
     # Stage 3: epochs of updates; validation and a full state after each epoch
     stop = stop_after_epochs or plan.epochs
-    if stop <= progress_state["epochs_done"]:
-        raise ValueError(f"the state is after epoch {progress_state['epochs_done']}; nothing to do up to epoch {stop}")
-    epoch_times, state_files = [], {}
+    if stop <= b.progress["epochs_done"]:
+        raise ValueError(f"the state is after epoch {b.progress['epochs_done']}; nothing to do up to epoch {stop}")
+    state_files = {}
     with deterministic_algorithms():
-        if not progress_state["validation"]:
+        if not b.progress["validation"]:
             t0 = time.perf_counter()
-            progress_state["validation"].append({"epoch": 0, **validation_nll(model, validation, pad_id)})
-            epoch_times.append({"epoch": 0, "train_seconds": 0.0, "validation_seconds": time.perf_counter() - t0})
-        bar = _progress_bar(plan, progress_state["updates_done"], stop, progress)
-        for epoch in range(progress_state["epochs_done"] + 1, stop + 1):
-            t0 = time.perf_counter()
-            permutation = torch.randperm(len(examples), generator=order_generator).tolist()
-            data_order = {"epoch": epoch, "permutation": permutation, "cursor": 0}
-            for _ in range(plan.updates_per_epoch):
-                chosen = permutation[data_order["cursor"] : data_order["cursor"] + plan.batch_size]
-                data_order["cursor"] += len(chosen)
-                record = sft_update(model, optimizer, parameters, [examples[i] for i in chosen], pad_id, plan,
-                                     progress_state["updates_done"], epoch)
-                progress_state["updates_done"] += 1
-                history.append(record)
-                consumed.extend(f"epoch-{epoch}/{examples[i].id}" for i in chosen)
-                bar.update(1)
-                bar.set_postfix(epoch=epoch, loss=f"{record['loss']:.4f}", lr=f"{record['lr']:.2e}")
-            train_seconds = time.perf_counter() - t0
-            t0 = time.perf_counter()
-            progress_state["validation"].append({"epoch": epoch, **validation_nll(model, validation, pad_id)})
-            validation_seconds = time.perf_counter() - t0
-            progress_state["epochs_done"] = epoch
-            times = {"epoch": epoch, "train_seconds": train_seconds, "validation_seconds": validation_seconds}
-            snapshot = state_lib.capture_state(
-                model=model, optimizer=optimizer, scheduler=_scheduler_position(plan, progress_state["updates_done"]),
-                data_order=data_order, generators={"data_order": order_generator}, history=history,
-                consumed_ids=consumed, identity=identity, progress=progress_state,
-            )
-            saved_info = state_lib.save_state(state_path(run_dir, epoch), snapshot, evidence={"times": times})
-            folder.register(f"states/epoch-{epoch}.pt.gz", saved_info["sha256"])
-            times["state_save_seconds"] = saved_info["save_seconds"]
-            state_files[f"states/epoch-{epoch}.pt.gz"] = {k: saved_info[k] for k in ("bytes", "raw_bytes", "sha256")}
-            epoch_times.append(times)
-            tqdm_write(bar, f"{branch} epoch {epoch}: validation NLL {progress_state['validation'][-1]['nll']:.4f}")
+            b.progress["validation"].append({"epoch": 0, **validation_nll(b.model, b.validation, b.tokenizer.pad_token_id)})
+            times["epochs"].append({"epoch": 0, "train_seconds": 0.0, "validation_seconds": time.perf_counter() - t0})
+        bar = _progress_bar(plan, b.progress["updates_done"], stop, progress)
+        for epoch in range(b.progress["epochs_done"] + 1, stop + 1):
+            epoch_times = run_epoch(b, epoch, bar)
+            name, saved = save_epoch_state(folder, b, epoch, epoch_times)
+            state_files[name] = saved
+            times["epochs"].append(epoch_times)
+            tqdm_write(bar, f"{branch} epoch {epoch}: validation NLL {b.progress['validation'][-1]['nll']:.4f}")
         bar.close()
-    if was_training:
-        model.train()  # hand the model back as it came (it stays trained)
+    if b.was_training:
+        b.model.train()  # hand the model back as it came (it stays trained)
+    return finish_branch(folder, b, model_factory, stop, start_description, start_greedy, resumed, greedy_eval,
+                         state_files, times, began)
 
-    # Stage 4: the final model, reloaded and checked; history; manifest; FINISHED
+
+def save_epoch_state(folder: RunFolder, b: Branch, epoch: int, times: dict) -> tuple[str, dict]:
+    """The full resumable state after `epoch`, registered in the folder's ledger with its digest."""
+    saved = state_lib.save_state(state_path(folder.path, epoch), b.capture(), evidence={"times": dict(times)})
+    name = f"states/epoch-{epoch}.pt.gz"
+    folder.register(name, saved["sha256"])
+    times["state_save_seconds"] = saved["save_seconds"]
+    return name, {k: saved[k] for k in ("bytes", "raw_bytes", "sha256")}
+
+
+def finish_branch(folder: RunFolder, b: Branch, model_factory: ModelFactory, stop: int, start_description,
+                  start_greedy, resumed, greedy_eval: bool, state_files: dict, times: dict, began: float) -> dict:
+    """Stage 4: the final model (reloaded and checked), history, manifest; FINISHED when complete."""
+    from . import models
+
+    plan, config, device = b.plan, b.config, b.identity["device"]
     finished = stop == plan.epochs
-    final_digest = models.parameter_digest(model)
+    final_digest = models.parameter_digest(b.model)
     manifest = {
-        "kind": "sft",
-        "branch": branch,
+        "step": plan.branch,
+        "branch": plan.branch,
         "preset": config.name,
         "status": "finished" if finished else f"stopped after epoch {stop} of {plan.epochs}",
         "config": config.to_dict(),
         "config_fingerprint": config.fingerprint(),
         "plan": plan.to_dict(),
-        "start_model": {"source": start_description or "given model factory", "parameter_digest": initial_digest},
-        "final_parameter_digest": final_digest,
+        "start_model": {"source": start_description or "given model factory", "parameter_digest": b.initial_digest},
+        "final_digest": final_digest,
         "resumed_from": resumed,
         "data_sha256": data_digests(),
         "code_sha256": code_digests(),
         "environment": environment(device),
         "eval_mode": True,
         "start_validation_greedy": start_greedy,
-        "validation_nll": progress_state["validation"],
+        "validation_nll": b.progress["validation"],
         "validation_used_for_selection": False,
-        "counts": _counts(history, examples, validation, progress_state),
-        "times": {"load_seconds": load_seconds, "start_greedy_validation_seconds": start_greedy_seconds,
-                  "epochs": epoch_times},
+        "counts": _counts(b.history, b.examples, b.validation, b.progress),
+        "times": times,
         "files": {"states": state_files},
     }
-    write_json(run_dir / "history.json", {"updates": history, "validation": progress_state["validation"]})
+    write_json(folder / "history.json", {"updates": b.history, "validation": b.progress["validation"]})
     if finished:
-        model_path = run_dir / "model.safetensors"
-        models.save_model(model, model_path)
+        model_path = folder / "model.safetensors"
+        models.save_model(b.model, model_path)
         fresh, _ = model_factory()
         models.load_state_into(fresh, model_path)
         reloaded = models.parameter_digest(fresh)
@@ -484,15 +546,15 @@ def run_branch(
         manifest["reloaded_parameter_digest"] = reloaded
         if greedy_eval:
             t0 = time.perf_counter()
-            manifest["validation_greedy"] = greedy_validation(fresh.to(device).eval(), tokenizer, validation)
-            manifest["times"]["greedy_validation_seconds"] = time.perf_counter() - t0
+            manifest["validation_greedy"] = greedy_validation(fresh.to(device).eval(), b.tokenizer, b.validation)
+            times["greedy_validation_seconds"] = time.perf_counter() - t0
         manifest["files"]["model.safetensors"] = folder.register("model.safetensors")
     folder.register("history.json")
     manifest["ledger"] = folder.ledger()
-    manifest["times"]["total_seconds"] = time.perf_counter() - began
-    write_json(run_dir / "manifest.json", manifest)
+    times["total_seconds"] = time.perf_counter() - began
+    write_json(folder / "manifest.json", manifest)
     if finished:
-        folder.mark_finished({"branch": branch, "final_parameter_digest": final_digest})
+        folder.mark_finished({"branch": plan.branch, "final_digest": final_digest})
     return manifest
 
 
@@ -521,7 +583,7 @@ def sft_update(model, optimizer, parameters, batch_examples: list[Example], pad_
         "update": update + 1,
         "epoch": epoch,
         "example_ids": [e.id for e in batch_examples],
-        "lr": lr,
+        "learning_rate": lr,
         "loss": float(loss.detach()),
         "grad_norm": float(grad_norm),
         "response_tokens": batch.num_active_tokens,

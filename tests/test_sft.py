@@ -156,11 +156,11 @@ def test_run_evidence(checked, factory):
     assert manifest["counts"]["updates"] == 4 and len(history["updates"]) == 4
     assert [v["epoch"] for v in manifest["validation_nll"]] == [0, 1, 2]
     assert manifest["validation_used_for_selection"] is False and manifest["eval_mode"] is True
-    assert manifest["start_model"]["parameter_digest"] != manifest["final_parameter_digest"]
-    assert manifest["reloaded_parameter_digest"] == manifest["final_parameter_digest"]
+    assert manifest["start_model"]["parameter_digest"] != manifest["final_digest"]
+    assert manifest["reloaded_parameter_digest"] == manifest["final_digest"]
     model, _ = factory()
     models.load_state_into(model, root / "real" / "model.safetensors")
-    assert models.parameter_digest(model) == manifest["final_parameter_digest"]
+    assert models.parameter_digest(model) == manifest["final_digest"]
     assert set(manifest["files"]["states"]) == {"states/epoch-1.pt.gz", "states/epoch-2.pt.gz"}
     greedy = manifest["validation_greedy"]  # measured on the reloaded final model, chooses nothing
     assert greedy["problems"] == VALIDATION_LIMIT and greedy["correct"] + sum(greedy["reasons"].values()) == VALIDATION_LIMIT
@@ -169,7 +169,7 @@ def test_run_evidence(checked, factory):
         ids = [i for h in history["updates"] if h["epoch"] == epoch for i in h["example_ids"]]
         assert sorted(ids) == [f"train-{i:04d}" for i in range(8)]
     # the loss is the mean over the batch's active tokens, and the learning rates follow the schedule
-    assert [h["lr"] for h in history["updates"]] == schedule.schedule_values(4, SHORT.sft_lr)
+    assert [h["learning_rate"] for h in history["updates"]] == schedule.schedule_values(4, SHORT.sft_lr)
 
 
 def test_finished_run_refuses_overwrite(checked, factory):

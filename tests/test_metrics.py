@@ -1,0 +1,74 @@
+"""Every key the lab writes is documented in labkit.metrics, and every documented name is written.
+
+The keys come from real runs made here (a 2-iteration GRPO run and a short SFT branch on the
+tiny model) and from the committed evaluation's results.json, so a new key cannot slip in
+undocumented, and a documented name that nothing writes any more is reported too.
+"""
+
+import pytest
+
+from labkit import grpo, metrics, models, sft
+from labkit.config import TINY
+from labkit.runs import REPO_ROOT, read_json, read_jsonl
+
+
+@pytest.fixture(scope="module")
+def grpo_run(tmp_path_factory):
+    root = tmp_path_factory.mktemp("metrics")
+    start = root / "start.safetensors"
+    models.save_model(models.new_tiny_model(seed=3), start)
+    grpo.run_grpo(TINY.with_overrides(max_response_tokens=4), root / "grpo", group_size=2, iterations=2,
+                  start_file=start, progress=False)
+    return root / "grpo"
+
+
+@pytest.fixture(scope="module")
+def sft_run(tmp_path_factory):
+    short = TINY.with_overrides(warm_start_examples=8, warm_start_epochs=1, sft_batch_size=4)
+    folder = tmp_path_factory.mktemp("metrics_sft") / "warm_start"
+    tokenizer = models.load_tiny_tokenizer()
+    manifest = sft.run_branch(short, "warm_start", folder, model_factory=lambda: (models.new_tiny_model(0, tokenizer),
+                                                                                   tokenizer),
+                              validation_limit=3, progress=False)
+    return folder, manifest
+
+
+def keys(records) -> set[str]:
+    return {k for r in records for k in r}
+
+
+def test_grpo_history_updates_rows_and_timings_are_documented(grpo_run):
+    history = read_json(grpo_run / "history.json")
+    assert keys(history) == set(metrics.GRPO_ITERATION)
+    assert keys(u for h in history for u in h["updates"]) == set(metrics.GRPO_UPDATE)
+    assert keys(grpo.read_rollouts(grpo_run)) == set(metrics.ROLLOUT_ROW)
+    assert keys(grpo.read_timings(grpo_run)) == set(metrics.GRPO_TIMINGS)
+
+
+def test_sft_history_and_greedy_validation_are_documented(sft_run):
+    folder, manifest = sft_run
+    history = read_json(folder / "history.json")
+    assert keys(history["updates"]) == set(metrics.SFT_UPDATE)
+    assert keys(history["validation"]) == set(metrics.SFT_VALIDATION)
+    assert set(manifest["validation_greedy"]) == set(metrics.GREEDY_VALIDATION)
+    assert set(manifest["start_validation_greedy"]) == set(metrics.GREEDY_VALIDATION)
+
+
+def test_the_evaluations_results_are_documented():
+    results = read_json(REPO_ROOT / "runs" / "tiny" / "evaluation" / "results.json")
+    written = set()
+    for policy in results["policies"].values():
+        for mode in results["modes"]:
+            for population in results["populations"]:
+                written |= set(policy[mode][population])
+    assert written, "no metric block found in results.json"
+    assert metrics.undocumented(written, metrics.EVALUATION) == []
+    assert results["metrics"] == metrics.EVALUATION
+
+
+def test_one_name_one_meaning_across_tables():
+    """A name shared by two tables is the same quantity (the same first words of its description)."""
+    assert metrics.GREEDY_VALIDATION["without_eos"] == metrics.EVALUATION["without_eos"]
+    for table in metrics.ALL.values():
+        assert all(isinstance(v, str) and v for v in table.values())
+    assert "lr" not in metrics.SFT_UPDATE and "accuracy" not in metrics.GREEDY_VALIDATION
