@@ -34,6 +34,7 @@ from pathlib import Path
 import torch
 
 from . import data, sampling, scoring
+from .config import QWEN
 from .evaluate import eval_seed
 from .runs import REPO_ROOT, RunExistsError, write_json
 
@@ -43,7 +44,7 @@ INFERENCE_PHASE = "inference"
 # A mismatch whose two tokens' decision scores lie within this of each other (at the
 # first differing step, recomputed by a full forward) is a floating-point near-tie.
 NEAR_TIE = 1e-4
-DEFAULT_BATCH_SIZE = 100  # fast sampler rows per batch, the evaluation's default
+DEFAULT_BATCH_SIZE = QWEN.eval_batch_size  # fast sampler rows per batch, the evaluation's
 
 
 # --- 1. Problems and seeds --------------------------------------------------------------------

@@ -1,7 +1,8 @@
 """One frozen, typed configuration per preset.
 
-Every count of the protocol is shared by both presets; only sizes and learning
-rates differ, and each difference is stated here with its reason.
+Every count, limit, tolerance and batch size of the protocol is a field here, with a one-line
+docstring; both presets share them all except the architecture and the learning rates, and each
+difference is stated here with its reason.  Modules read their defaults from here.
 """
 
 from __future__ import annotations
@@ -12,42 +13,105 @@ from dataclasses import asdict, dataclass, fields, replace
 
 
 @dataclass(frozen=True)
+class Architecture:
+    """A Qwen2 architecture the lab builds itself (the tiny preset's; qwen's is the published one)."""
+
+    vocab_size: int
+    """embedding rows; more than the tokenizer's tokens, as in Qwen, so undecodable ids are real"""
+    hidden_size: int
+    """width of the residual stream"""
+    intermediate_size: int
+    """width of each MLP"""
+    num_hidden_layers: int
+    """transformer blocks"""
+    num_attention_heads: int
+    """query heads per block"""
+    num_key_value_heads: int
+    """key/value heads per block (grouped-query attention)"""
+    max_position_embeddings: int
+    """longest position the rotary embedding is set up for"""
+    rope_theta: float
+    """rotary embedding base"""
+    rms_norm_eps: float
+    """RMSNorm epsilon"""
+    tie_word_embeddings: bool
+    """output head shares the embedding (Qwen2Config's default is untied; Qwen2.5-0.5B ties)"""
+    attention_dropout: float
+    """non-zero so that chapter 2's "dropout left on" bug is real (Qwen2.5 has 0.0: latent there)"""
+
+
+@dataclass(frozen=True)
 class PresetConfig:
+    """Every number of the protocol for one preset; PROTOCOL.md gives the reasons."""
+
     name: str
+    """"qwen" or "tiny"; names the runs' folder, runs/<name>/"""
     # -- model ---------------------------------------------------------------
     qwen_revision: str | None
-    """Hugging Face revision of the qwen weights (None for tiny, which the lab pretrains)."""
+    """Hugging Face revision of the qwen weights (None for tiny, which the lab pretrains)"""
+    architecture: Architecture | None = None
+    """the architecture the lab builds (tiny); None for qwen, whose config.json is checked on load"""
     # -- sequence limits (both presets) ----------------------------------------
     max_prompt_tokens: int = 256
+    """longest chat prompt, in tokens; a longer statement is refused"""
     max_response_tokens: int = 64
+    """generation stops here (finish_reason "length") if no EOS came"""
     max_total_tokens: int = 320
+    """prompt + response, the longest row any batch holds"""
     # -- warm start and SFT ------------------------------------------------------
     warm_start_examples: int = 128
-    warm_start_epochs: int = 3  # 128 / 8 * 3 = 48 updates
+    """the first 128 train problems"""
+    warm_start_epochs: int = 3
+    """128 / 8 x 3 = 48 updates"""
     sft_examples: int = 872
-    sft_epochs: int = 2  # ceil(872 / 8) * 2 = 218 updates
+    """the other 872 train problems (the additional SFT, the supervised reference)"""
+    sft_epochs: int = 2
+    """ceil(872 / 8) x 2 = 218 updates"""
     sft_batch_size: int = 8
+    """examples per SFT update"""
     sft_lr: float = 2e-5
+    """peak SFT learning rate (warm-up then linear decay)"""
     sft_weight_decay: float = 0.0
+    """AdamW's decoupled weight decay in SFT"""
+    validation_batch_size: int = 50
+    """validation examples per forward when measuring the NLL (a memory bound; changes no number)"""
     # -- GRPO ------------------------------------------------------------------
     grpo_iterations: int = 100
+    """iterations of sample-then-update"""
     prompts_per_iteration: int = 4
+    """P prompts per iteration, from a seeded permutation of the 872-problem pool"""
     group_size: int = 4
+    """G responses per prompt; the advantages compare them"""
     updates_per_iteration: int = 2
+    """updates on the same rollouts (with 1, rho = 1 and the clip never acts)"""
     clip_eps: float = 0.2
+    """rho is clipped to [1 - clip_eps, 1 + clip_eps]"""
     kl_coef: float = 0.02
+    """weight of the exact per-prefix KL to the frozen reference"""
     kl_block_size: int = 4096
+    """vocabulary entries per block of the exact KL (a memory bound; changes no number)"""
     grpo_lr: float = 1e-6
+    """peak GRPO learning rate (warm-up then linear decay)"""
     grpo_weight_decay: float = 0.01
+    """AdamW's decoupled weight decay in GRPO"""
     grad_clip: float = 1.0
+    """gradient norm clip, SFT and GRPO"""
     warmup_fraction: float = 0.1
+    """share of the updates spent warming the rate up linearly from 0"""
     final_lr_fraction: float = 0.1
+    """the rate decays linearly to this share of its peak"""
     advantage_eps: float = 1e-8
+    """A = (r - mean) / (std + advantage_eps): a constant group gets A = 0, not a division by 0"""
     logprob_check_tol: float = 2e-4
+    """largest |teacher-forced - recorded| old log-prob the pre-update check accepts"""
     # -- evaluation ----------------------------------------------------------------
     eval_draws: int = 4
+    """seeded samples per test problem (per-draw success; best-of-4 reported apart)"""
+    eval_batch_size: int = 100
+    """fast-sampler rows per batch in evaluation and the sampler comparison (changes no token)"""
     # -- seeds -----------------------------------------------------------------------
     seed: int = 1234
+    """the run seed; each generator (data order, prompts, sampling) is seeded apart from it"""
 
     def fingerprint(self) -> str:
         """Short digest of every field: it names the runs made with this config."""
@@ -77,6 +141,11 @@ QWEN = PresetConfig(name="qwen", qwen_revision="7ae557604adf67be50417f59c2c2f167
 TINY = QWEN.with_overrides(
     name="tiny",
     qwen_revision=None,
+    # About 1M parameters (DESIGN.md); 512 embedding rows for the tokenizer's 494 tokens.
+    architecture=Architecture(vocab_size=512, hidden_size=128, intermediate_size=512, num_hidden_layers=4,
+                              num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
+                              rope_theta=10000.0, rms_norm_eps=1e-6, tie_word_embeddings=True,
+                              attention_dropout=0.1),
     # Warm start from the committed base (46% exact answers in its own formats, 0% valid JSON in
     # the lab's: it writes the key its instruction names, never `final_stock`), 48 updates:
     #

@@ -66,7 +66,7 @@ from pathlib import Path
 import torch
 
 from . import data, metrics, runtime, scoring, verifier
-from .config import get_preset
+from .config import QWEN, get_preset
 from .runs import (FINISHED_MARKER, REPO_ROOT, dumps_json, ensure_not_finished, is_finished, mark_finished,
                    read_json, read_jsonl, sha256_file, write_json, write_jsonl)
 
@@ -78,7 +78,7 @@ SCORING_PHASE = "scoring"
 SEED_BITS = 62
 WILSON_Z = 1.959963984540054  # the 97.5% quantile of the standard normal: a two-sided 95% interval
 DEFAULT_SAMPLER = "fast"
-DEFAULT_BATCH_SIZE = 100  # fast sampler rows per batch: 2 greedy batches, 8 sampled ones
+DEFAULT_BATCH_SIZE = QWEN.eval_batch_size  # fast sampler rows per batch: 2 greedy batches, 8 sampled ones
 PREDICTION_FILES = {"greedy": "predictions-greedy.jsonl.gz", "sample": "predictions-sample.jsonl.gz"}
 MANIFEST_FILE = "manifest.json"
 COSTS_FILE = "costs.json"

@@ -8,33 +8,20 @@ from __future__ import annotations
 
 import hashlib
 import os
+from dataclasses import asdict
 from pathlib import Path
 
 import torch
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
+from .config import QWEN, TINY
 from .runs import REPO_ROOT, atomic_write_bytes, check_recorded_digest
 from .tokenizer import load_tiny_tokenizer
 
-# The tiny architecture (DESIGN.md): about 1M parameters.  The embedding has
-# more rows than the tokenizer has tokens (512 > 494), as Qwen's does
+# The tiny architecture is a field of the tiny preset's config (labkit.config): about 1M
+# parameters, an embedding with more rows than the tokenizer has tokens (512 > 494), as Qwen's
 # (151,936 > 151,665), so an undecodable generated id is a real case.
-TINY_ARCH = dict(
-    vocab_size=512,
-    hidden_size=128,
-    intermediate_size=512,
-    num_hidden_layers=4,
-    num_attention_heads=4,
-    num_key_value_heads=2,
-    max_position_embeddings=512,
-    rope_theta=10000.0,
-    rms_norm_eps=1e-6,
-    tie_word_embeddings=True,  # Qwen2Config defaults to untied; Qwen2.5-0.5B ties them
-    # A non-zero attention dropout makes the "dropout left on" bug of chapter 2 real
-    # (Qwen2.5's own config has 0.0, where the rule is latent).
-    attention_dropout=0.1,
-    attn_implementation="eager",
-)
+TINY_ARCH = {**asdict(TINY.architecture), "attn_implementation": "eager"}
 
 
 def tiny_model_config(tokenizer=None) -> Qwen2Config:
@@ -62,7 +49,7 @@ def new_tiny_model(seed: int = 0, tokenizer=None) -> Qwen2ForCausalLM:
 # ---------------------------------------------------------------------------
 
 QWEN_REPO_ID = "Qwen/Qwen2.5-0.5B-Instruct"
-QWEN_REVISION = "7ae557604adf67be50417f59c2c2f167def9a775"
+QWEN_REVISION = QWEN.qwen_revision
 QWEN_PARAMETERS = 494_032_768  # unique trainable parameters (embedding counted once: it is tied)
 QWEN_DIR_ENV = "LABKIT_QWEN_DIR"
 # What to download (all of it is in the repository at QWEN_REVISION) ...

@@ -38,9 +38,10 @@ from dataclasses import asdict, dataclass, field
 import torch
 
 from . import scoring, verifier
+from .config import QWEN
 
 MAX_NEW_TOKENS = scoring.MAX_RESPONSE_TOKENS
-LOGPROB_TOLERANCE = 2e-4  # the protocol's tolerance for recorded vs re-scored log-probs
+LOGPROB_TOLERANCE = QWEN.logprob_check_tol  # recorded vs re-scored log-probs (labkit.config)
 
 
 # --- 1. Rollout records and decoding --------------------------------------------------------

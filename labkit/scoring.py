@@ -22,11 +22,13 @@ from dataclasses import dataclass
 
 import torch
 
+from .config import QWEN
 from .task import FORMAT_INSTRUCTION
 
-MAX_PROMPT_TOKENS = 256
-MAX_RESPONSE_TOKENS = 64
-MAX_TOTAL_TOKENS = 320
+# The protocol's limits (labkit.config; both presets share them).
+MAX_PROMPT_TOKENS = QWEN.max_prompt_tokens
+MAX_RESPONSE_TOKENS = QWEN.max_response_tokens
+MAX_TOTAL_TOKENS = QWEN.max_total_tokens
 LIMITS = (MAX_PROMPT_TOKENS, MAX_RESPONSE_TOKENS, MAX_TOTAL_TOKENS)
 
 

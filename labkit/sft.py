@@ -14,7 +14,7 @@ Choices, each for a reason:
   (in eval mode, as the protocol requires for GRPO) would not be the ones SFT
   optimised, and the run would consume the global RNG.  Eval mode does not stop
   autograd, so nothing is lost but the noise.
-* **AdamW** at the preset's `sft_lr` (tiny 3e-3, qwen 2e-5) and `sft_weight_decay`,
+* **AdamW** at the preset's `sft_lr` (tiny 1.5e-4, qwen 2e-5: labkit.config) and `sft_weight_decay`,
   with the lab's one schedule (`labkit.schedule`: 10% linear warm-up, then
   linear decay to 10% of the peak) and gradient-norm clipping at `grad_clip`
   (1.0), the same safeguards GRPO uses; the norm before clipping is logged.
@@ -56,7 +56,7 @@ from pathlib import Path
 import torch
 
 from . import data, scoring, state as state_lib, task
-from .config import PresetConfig, get_preset
+from .config import QWEN, PresetConfig, get_preset
 from .runs import REPO_ROOT, RunFolder, is_finished, read_json, run_path, sha256_file, write_json
 from .runtime import code_digests, data_digests, environment, seed_everything
 from .runtime import deterministic as deterministic_algorithms
@@ -66,7 +66,7 @@ BRANCHES = ("warm_start", "sft")
 # Each branch draws its data order from its own generator, seeded apart so the
 # two branches never share a permutation stream.
 DATA_ORDER_SEED_OFFSET = {"warm_start": 101, "sft": 202}
-VALIDATION_BATCH = 50
+VALIDATION_BATCH = QWEN.validation_batch_size  # examples per validation forward (labkit.config)
 
 ModelFactory = Callable[[], tuple[torch.nn.Module, object]]
 
