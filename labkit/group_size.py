@@ -579,6 +579,40 @@ def evaluate_policies(config: PresetConfig, names: list[str], device: str | None
     return status
 
 
+def run_branches(config: PresetConfig, runs_root: Path, group_sizes: tuple[int, ...], iterations: int,
+                 start_file: Path, sampler: str, resume_checks: bool, device, progress: bool,
+                 steps: dict) -> tuple[dict[str, Path], dict]:
+    """Stages 3-5 of `run_exercise`: the branches (reused when finished), the check that they saw
+    the same prompt presentations from the same start, and their resume checks.  Adds each
+    branch's cost to `steps`; returns ({name: folder}, the presentations record)."""
+    out_dir, main_dir = runs_root / "group_size", branch_dir(runs_root, MAIN_GROUP_SIZE)
+    # Stage 3: the branches.
+    dirs = {branch_dir(runs_root, G).name: branch_dir(runs_root, G) for G in group_sizes}
+    for G, (name, folder) in zip(group_sizes, dirs.items()):
+        t0 = time.perf_counter()
+        m = run_branch(config, G, folder, iterations=iterations, start_file=start_file, sampler=sampler,
+                       device=device, progress=progress)
+        steps[name] = {"reused": m["reused"], "seconds": time.perf_counter() - t0}
+
+    # Stage 4: same prompts, same start.
+    presentations = check_same_presentations(dirs, main_dir)
+    write_json(out_dir / "presentations.json", presentations)
+    if not presentations["equal"]:
+        raise RuntimeError(f"the branches did not see the same prompt presentations from the same start; "
+                           f"see {out_dir / 'presentations.json'}")
+
+    # Stage 5: resume checks.
+    if resume_checks:
+        for G, (name, folder) in zip(group_sizes, dirs.items()):
+            if not (folder / "resume_report.json").exists():
+                report = grpo.resume_check(config, group_size=G, stop_at=RESUME_STOP_AT, run_dir=folder,
+                                           sampler=sampler, device=device)
+                if not report["equal"]:
+                    raise RuntimeError(f"{name}: the resumed run differs from the continuous one: "
+                                       f"{report['end_state']['different_fields'][:5]}")
+    return dirs, presentations
+
+
 def run_exercise(
     config: PresetConfig | str,
     *,
@@ -633,30 +667,9 @@ def run_exercise(
     # Stage 2: constructed constant groups.
     write_json(out_dir / "constant_groups.json", constant_group_table(config.clip_eps, config.advantage_eps))
 
-    # Stage 3: the branches.
-    dirs = {branch_dir(runs_root, G).name: branch_dir(runs_root, G) for G in group_sizes}
-    for G, (name, folder) in zip(group_sizes, dirs.items()):
-        t0 = time.perf_counter()
-        m = run_branch(config, G, folder, iterations=iterations, start_file=start_file, sampler=sampler,
-                       device=device, progress=progress)
-        steps[name] = {"reused": m["reused"], "seconds": time.perf_counter() - t0}
-
-    # Stage 4: same prompts, same start.
-    presentations = check_same_presentations(dirs, main_dir)
-    write_json(out_dir / "presentations.json", presentations)
-    if not presentations["equal"]:
-        raise RuntimeError(f"the branches did not see the same prompt presentations from the same start; "
-                           f"see {out_dir / 'presentations.json'}")
-
-    # Stage 5: resume checks.
-    if resume_checks:
-        for G, (name, folder) in zip(group_sizes, dirs.items()):
-            if not (folder / "resume_report.json").exists():
-                report = grpo.resume_check(config, group_size=G, stop_at=RESUME_STOP_AT, run_dir=folder,
-                                           sampler=sampler, device=device)
-                if not report["equal"]:
-                    raise RuntimeError(f"{name}: the resumed run differs from the continuous one: "
-                                       f"{report['end_state']['different_fields'][:5]}")
+    # Stages 3-5: the branches, their prompt presentations, their resume checks.
+    dirs, presentations = run_branches(config, runs_root, group_sizes, iterations, start_file, sampler,
+                                       resume_checks, device, progress, steps)
 
     # Stage 6: evaluation like the main policies.
     if evaluate:

@@ -122,6 +122,51 @@ def peak_rss_delta_bytes(kl_fn, logits_cur, logits_ref) -> int | None:
     return (_status_kib("VmHWM") - before) * 1024
 
 
+def agreement(methods: dict, logits_cur: torch.Tensor, logits_ref: torch.Tensor) -> tuple[float, float, dict, float]:
+    """Both methods must compute the same thing before their costs mean anything.
+
+    Returns (max |value difference|, max |gradient difference|, each method's max error against
+    a float64 reference, the mean KL)."""
+    values, grads = {}, {}
+    for name, fn in methods.items():
+        logits_cur.grad = None
+        values[name] = fn(logits_cur, logits_ref)
+        values[name].sum().backward()
+        grads[name] = logits_cur.grad.clone()
+    value_diff = (values["blocked"] - values["naive"]).abs().max().item()
+    grad_diff = (grads["blocked"] - grads["naive"]).abs().max().item()
+    with torch.no_grad():  # a float64 reference tells which float32 result is closer (8 rows at a time)
+        reference = torch.cat([naive_kl(cur.double(), ref.double())
+                               for cur, ref in zip(logits_cur.split(8), logits_ref.split(8))])
+    errors = {name: (v.double() - reference).abs().max().item() for name, v in values.items()}
+    logits_cur.grad = None
+    return value_diff, grad_diff, errors, reference.mean().item()
+
+
+def measure(methods: dict, logits_cur: torch.Tensor, logits_ref: torch.Tensor, repeats: int) -> dict:
+    """Median forward, backward and total seconds, and extra memory, of each method.
+
+    Repetitions alternate between the methods, so a change in the machine's load during the
+    run (other processes on the same cores) affects both alike."""
+    for fn in methods.values():
+        _forward_backward(fn, logits_cur, logits_ref)  # warm-up
+    times = {name: [] for name in methods}
+    for _ in range(repeats):
+        for name, fn in methods.items():
+            times[name].append(_forward_backward(fn, logits_cur, logits_ref))
+    results = {}
+    for name, fn in methods.items():
+        results[name] = {
+            "forward": statistics.median(t[0] for t in times[name]),
+            "backward": statistics.median(t[1] for t in times[name]),
+            "total": statistics.median(t[0] + t[1] for t in times[name]),
+            "alloc": peak_allocated_bytes(fn, logits_cur, logits_ref),
+            "rss": peak_rss_delta_bytes(fn, logits_cur, logits_ref),
+        }
+    logits_cur.grad = None
+    return results
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m labkit bench kl", description=__doc__.splitlines()[0])
     parser.add_argument("--prefixes", type=int, default=64, help="rows N of the logits (default: %(default)s)")
@@ -148,41 +193,8 @@ def main(argv: list[str] | None = None) -> int:
 
     methods = {"naive": naive_kl, "blocked": blocked_kl}
 
-    # Both must compute the same thing before their costs mean anything.
-    values, grads = {}, {}
-    for name, fn in methods.items():
-        logits_cur.grad = None
-        values[name] = fn(logits_cur, logits_ref)
-        values[name].sum().backward()
-        grads[name] = logits_cur.grad.clone()
-    value_diff = (values["blocked"] - values["naive"]).abs().max().item()
-    grad_diff = (grads["blocked"] - grads["naive"]).abs().max().item()
-    with torch.no_grad():  # a float64 reference tells which float32 result is closer (8 rows at a time)
-        reference = torch.cat([naive_kl(cur.double(), ref.double())
-                               for cur, ref in zip(logits_cur.split(8), logits_ref.split(8))])
-    errors = {name: (v.double() - reference).abs().max().item() for name, v in values.items()}
-    kl_mean = reference.mean().item()
-    del reference
-    del values, grads
-
-    # Repetitions alternate between the methods, so a change in the machine's load during
-    # the run (other processes on the same cores) affects both alike.
-    for fn in methods.values():
-        _forward_backward(fn, logits_cur, logits_ref)  # warm-up
-    times = {name: [] for name in methods}
-    for _ in range(args.repeats):
-        for name, fn in methods.items():
-            times[name].append(_forward_backward(fn, logits_cur, logits_ref))
-    results = {}
-    for name, fn in methods.items():
-        results[name] = {
-            "forward": statistics.median(t[0] for t in times[name]),
-            "backward": statistics.median(t[1] for t in times[name]),
-            "total": statistics.median(t[0] + t[1] for t in times[name]),
-            "alloc": peak_allocated_bytes(fn, logits_cur, logits_ref),
-            "rss": peak_rss_delta_bytes(fn, logits_cur, logits_ref),
-        }
-    logits_cur.grad = None
+    value_diff, grad_diff, errors, kl_mean = agreement(methods, logits_cur, logits_ref)
+    results = measure(methods, logits_cur, logits_ref, args.repeats)
 
     mib = 2**20
     full_bytes = args.prefixes * args.vocab * logits_cur.element_size()  # one (N, V) tensor
