@@ -30,3 +30,39 @@ def test_the_warm_start_and_the_exercise_name_their_other_outputs():
 def test_an_unknown_step_is_refused_by_name():
     with pytest.raises(ValueError, match="unknown step 'grpo_g4'"):
         cache.get_step("grpo_g4")
+
+
+def _labkit_imports(path, seen):
+    """Every labkit module `path` imports, directly or through other labkit modules."""
+    import ast
+    from pathlib import Path
+
+    root = Path(cache.__file__).parent
+    if path in seen or not path.exists():
+        return seen
+    seen.add(path)
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom) and node.level == 1:
+            names = [node.module] if node.module else [a.name for a in node.names]
+            for name in names:
+                module = root / (name.replace(".", "/") + ".py")
+                _labkit_imports(module if module.exists() else root / name / "__init__.py", seen)
+    return seen
+
+
+@pytest.mark.parametrize("step", cache.STEPS, ids=cache.STEP_NAMES)
+def test_every_module_a_step_imports_is_one_of_its_inputs(step):
+    """A change to any code that made a step makes the step stale (the base's stated exceptions aside)."""
+    from labkit.runs import REPO_ROOT
+
+    seen = set()
+    for name in step.code:
+        if name.startswith("labkit/") and name.endswith(".py"):
+            _labkit_imports(REPO_ROOT / name, seen)
+    missing = sorted(str(p.relative_to(REPO_ROOT)) for p in seen)
+    missing = [m for m in missing if m not in step.code]
+    if step.name == "base":
+        assert missing == sorted(cache.BASE_UNRECORDED), missing
+        assert cache.BASE_UNRECORDED_WHY
+    else:
+        assert missing == [], f"{step.name} imports {missing} without recording them"
