@@ -252,6 +252,18 @@ def cmd_cache(args: argparse.Namespace) -> int:
     return 1 if bad else 0
 
 
+def cmd_smoke(args: argparse.Namespace) -> int:
+    """The qwen path end to end at full size on seeded random weights (labkit.smoke): every stage
+    once, each timed with its peak memory; the table is printed and written to <run>/smoke.json."""
+    from . import smoke
+
+    report = smoke.run_smoke(args.preset, random_weights=args.random_weights, device=args.device, layers=args.layers,
+                             run_dir=args.run_dir, max_new_tokens=args.max_new_tokens,
+                             eval_problems=args.eval_problems, rewards=args.rewards, progress=not args.no_progress)
+    smoke.print_report(report)
+    return 0
+
+
 def cmd_sampler_agreement(args: argparse.Namespace) -> int:
     """Reference vs fast sampler on the warm start: greedy and seeded agreement, explained, timed."""
     import torch
@@ -277,7 +289,7 @@ def _add_sft_arguments(p: argparse.ArgumentParser) -> None:
 
 COMMAND_ORDER = ("data", "pretrain", "warm-start", "sft", "sft-resume-check", "grpo", "grpo-resume-check",
                  "sampler-agreement", "evaluate", "results-json", "group-size",  # the protocol, in order
-                 "all", "cache", "tune", "bench", "student")  # the tools
+                 "all", "smoke", "cache", "tune", "bench", "student")  # the tools
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -350,6 +362,31 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--preset", default="tiny", choices=["tiny", "qwen"], help="model preset (default: %(default)s)")
     p.add_argument("--steps", default="", help="record: comma-separated step names")
     p.set_defaults(func=cmd_cache)
+
+    p = sub.add_parser("smoke", help="the qwen path end to end at full size on random weights (no download): "
+                                     "every stage once, timed, with its peak memory")
+    p.add_argument("--preset", default="qwen", help="only 'qwen': Qwen2.5-0.5B-Instruct's architecture (default: %(default)s)")
+    p.add_argument("--random-weights", action="store_true",
+                   help="seeded random weights and a stand-in tokenizer with Qwen's sizes and special ids "
+                        "(required: the smoke downloads nothing)")
+    p.add_argument("--device", default=None, help="cpu or cuda (default: cuda when present, else cpu)")
+    p.add_argument("--layers", type=int, default=24,
+                   help="decoder layers, full widths and vocabulary (default: %(default)s, the real model; the unit "
+                        "test uses 2)")
+    p.add_argument("--max-new-tokens", type=int, default=None,
+                   help="response token limit of every sampler call (default: 8 on the CPU, the protocol's 64 on CUDA)")
+    p.add_argument("--eval-problems", type=int, default=1,
+                   help="test problems per population in the two evaluation stages (default: %(default)s)")
+    p.add_argument("--rewards", default="synthetic", choices=["synthetic", "verifier"],
+                   help="synthetic: a fixed 1,0,0,0 pattern per group when every group has zero variance, so the "
+                        "updates change the weights as in a real run; verifier: the protocol's own rewards, which "
+                        "random weights never earn (default: %(default)s)")
+    p.add_argument("--run-dir", type=Path, default=None,
+                   help="run folder (default: runs/scratch/smoke-qwen-<device>-<layers>l-<UTC time>); a finished "
+                        "run there is refused")
+    p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's)")
+    p.add_argument("--no-progress", action="store_true", help="no progress line per stage")
+    p.set_defaults(func=cmd_smoke)
 
     # Further sub-commands are added below, one block each, in protocol order.
     for name, fixed, text in (("warm-start", "warm_start", "warm-start SFT: 128 examples, 3 epochs, 48 updates of 8"),
