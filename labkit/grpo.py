@@ -40,6 +40,9 @@ from . import data, losses, models, sampling, scoring, state as state_lib, task
 from .config import PresetConfig, get_preset
 from .runs import REPO_ROOT, ArtifactError, RunFolder, is_finished, read_json, run_path, write_json
 from .schedule import warmup_linear_decay
+from .variants import Variant
+
+PROTOCOL = Variant()  # the protocol's loop: every switch at its default
 from .runtime import code_digests, data_digests, environment, seed_everything
 from .runtime import deterministic as deterministic_algorithms
 
@@ -47,6 +50,7 @@ from .runtime import deterministic as deterministic_algorithms
 # seeded apart from each other and from the SFT branches.
 PROMPT_ORDER_SEED_OFFSET = 303
 GENERATION_SEED_OFFSET = 404
+REWARD_SEED_OFFSET = 505  # the random-reward control's stream (labkit.variants)
 SEED_RANGE = 2**62
 
 
@@ -157,10 +161,34 @@ def reference_scores(reference, batch: scoring.Batch) -> tuple[torch.Tensor, tor
         return scoring.response_logprobs(reference, batch, return_logits=True)
 
 
+def kl_penalty(logp_cur: torch.Tensor, logits_cur: torch.Tensor, reference: tuple[torch.Tensor, torch.Tensor],
+               mask: torch.Tensor, group_size: int, config: PresetConfig, variant: Variant) -> tuple[torch.Tensor, dict]:
+    """The KL term the loss optimises (the variant's: exact, k3 or none) and the logged KL figures.
+
+    The logged `kl` is always the exact per-prefix KL (without gradient when it is not the one
+    optimised), so that runs with different penalties are compared on the same measure."""
+    logp_ref, logits_ref = reference
+    reduce = lambda values: losses.reduce(values, mask, group_size, variant.reduction)  # noqa: E731
+    if variant.kl == "k3":
+        k3 = reduce(losses.kl_estimators(logp_cur, logp_ref)["k3"])
+    else:
+        with torch.no_grad():
+            k3 = reduce(losses.kl_estimators(logp_cur.detach(), logp_ref)["k3"])
+    if variant.kl == "exact":
+        exact = reduce(losses.exact_prefix_kl(logits_cur, logits_ref, block_size=config.kl_block_size))
+        penalty = exact
+    else:
+        with torch.no_grad():
+            exact = reduce(losses.exact_prefix_kl(logits_cur.detach(), logits_ref, block_size=config.kl_block_size))
+        penalty = k3 if variant.kl == "k3" else torch.zeros((), device=logp_cur.device)
+    return penalty, {"kl": float(exact.detach()), "kl_k3": float(k3.detach())}
+
+
 def grpo_loss(logp_cur: torch.Tensor, logits_cur: torch.Tensor, reference: tuple[torch.Tensor, torch.Tensor],
               mask: torch.Tensor, old_logprobs: torch.Tensor, advantages: torch.Tensor, group_size: int,
-              config: PresetConfig) -> tuple[torch.Tensor, dict]:
-    """Loss = clipped surrogate + kl_coef x exact prefix KL, both reduced token -> response -> prompt.
+              config: PresetConfig, variant: Variant = PROTOCOL) -> tuple[torch.Tensor, dict]:
+    """Loss = clipped surrogate + kl_coef x KL, reduced token -> response -> prompt (the protocol's
+    variant: the exact prefix KL, the sequence reduction; `labkit.variants` for the others).
 
     logp_cur, logits_cur: (B, R), (B, R, V) of the current policy (with gradients), B = P x G
                           rows, prompt-major; reference: `reference_scores` of the same batch
@@ -168,23 +196,35 @@ def grpo_loss(logp_cur: torch.Tensor, logits_cur: torch.Tensor, reference: tuple
                           advantages (B,) one per response (both detached)
     Returns (loss, metrics) with the surrogate, the KL and their statistics.
     """
-    logp_ref, logits_ref = reference
     surrogate, clip_stats = losses.clipped_surrogate(logp_cur, old_logprobs, advantages, mask,
-                                                     clip_eps=config.clip_eps, group_size=group_size)
-    kl_per_prefix = losses.exact_prefix_kl(logits_cur, logits_ref, block_size=config.kl_block_size)  # (B, R)
-    kl = losses.reduce_tokens(kl_per_prefix, mask, group_size)
-    loss = surrogate + config.kl_coef * kl
+                                                     clip_eps=config.clip_eps, group_size=group_size,
+                                                     reduction=variant.reduction)
+    penalty, kl_stats = kl_penalty(logp_cur, logits_cur, reference, mask, group_size, config, variant)
+    loss = surrogate + config.kl_coef * penalty
     with torch.no_grad():
-        entropy = losses.reduce_tokens(losses.token_entropy(logits_cur.detach()), mask, group_size)
-        k3 = losses.reduce_tokens(losses.kl_estimators(logp_cur.detach(), logp_ref)["k3"], mask, group_size)
-    metrics = {"loss": float(loss.detach()), "surrogate": float(surrogate.detach()), "kl": float(kl.detach()),
-               "kl_k3": float(k3), "entropy": float(entropy), **clip_stats}
+        entropy = losses.reduce(losses.token_entropy(logits_cur.detach()), mask, group_size, variant.reduction)
+    metrics = {"loss": float(loss.detach()), "surrogate": float(surrogate.detach()), **kl_stats,
+               "entropy": float(entropy), **clip_stats}
     return loss, metrics
+
+
+def cross_entropy_loss(logp_cur: torch.Tensor, logits_cur: torch.Tensor, reference: tuple[torch.Tensor, torch.Tensor],
+                       mask: torch.Tensor, config: PresetConfig, variant: Variant) -> tuple[torch.Tensor, dict]:
+    """RFT's and SFT's loss: the mean negative log-likelihood of the rows (+ kl_coef x the variant's
+    KL); no advantage, no ratio, so no clip.  Rows: (B, R) as `grpo_loss`'s, one group of all."""
+    nll = losses.reduce(-logp_cur, mask, None, variant.reduction)
+    penalty, kl_stats = kl_penalty(logp_cur, logits_cur, reference, mask, None, config, variant)
+    loss = nll + config.kl_coef * penalty
+    with torch.no_grad():
+        entropy = losses.reduce(losses.token_entropy(logits_cur.detach()), mask, None, variant.reduction)
+    return loss, {"loss": float(loss.detach()), "surrogate": float(nll.detach()), **kl_stats,
+                  "entropy": float(entropy), "clip_ratio/low_mean": 0.0, "clip_ratio/high_mean": 0.0,
+                  "clip_ratio/region_mean": 0.0}
 
 
 def grpo_update(model, optimizer, batch: scoring.Batch, old_logprobs: torch.Tensor, advantages: torch.Tensor,
                 reference: tuple[torch.Tensor, torch.Tensor], lr: float, *, group_size: int, config: PresetConfig,
-                before_step=None) -> dict:
+                before_step=None, variant: Variant = PROTOCOL) -> dict:
     """One AdamW update of `grpo_loss` at learning rate `lr`, gradient norm clipped; returns its metrics.
 
     One forward of the current policy.  `before_step(logp_cur)` (detached, (B, R)) runs after it
@@ -199,8 +239,12 @@ def grpo_update(model, optimizer, batch: scoring.Batch, old_logprobs: torch.Tens
     logp_cur, logits_cur = scoring.response_logprobs(model, batch, return_logits=True)  # (B, R), (B, R, V)
     if before_step is not None:
         before_step(logp_cur.detach())
-    loss, metrics = grpo_loss(logp_cur, logits_cur, reference, batch.response_mask.to(device),
-                              old_logprobs.to(device), advantages.to(device), group_size, config)
+    mask = batch.response_mask.to(device)
+    if variant.objective == "grpo":
+        loss, metrics = grpo_loss(logp_cur, logits_cur, reference, mask, old_logprobs.to(device),
+                                  advantages.to(device), group_size, config, variant)
+    else:  # rft, sft: the batch holds the rows to imitate
+        loss, metrics = cross_entropy_loss(logp_cur, logits_cur, reference, mask, config, variant)
     loss.backward()
     grad_norm = float(torch.nn.utils.clip_grad_norm_(parameters, config.grad_clip))
     optimizer.step()
@@ -265,15 +309,25 @@ class Loop:
     identity: dict
     total_updates: int
     reference_digest: str
+    variant: Variant = PROTOCOL
+    updates_per_iteration: int = 2
+    reward_generator: torch.Generator | None = None  # the random-reward control's own stream
     history: list[dict] = field(default_factory=list)
     consumed: list[str] = field(default_factory=list)
     next_update: int = 0
+
+    @property
+    def generators(self) -> dict[str, torch.Generator]:
+        out = {"generation": self.generation}
+        if self.reward_generator is not None:
+            out["reward"] = self.reward_generator
+        return out
 
     def capture(self, iteration: int) -> dict:
         return state_lib.capture_state(
             model=self.model, optimizer=self.optimizer,
             scheduler={"next_update": self.next_update, "total": self.total_updates},
-            data_order=self.order.state(), generators={"generation": self.generation}, history=self.history,
+            data_order=self.order.state(), generators=self.generators, history=self.history,
             consumed_ids=self.consumed, identity=self.identity, progress={"iteration": iteration},
         )
 
@@ -283,8 +337,7 @@ class Loop:
         if saved["identity"] != self.identity:
             diff = sorted(k for k in self.identity if saved["identity"].get(k) != self.identity[k])
             raise ValueError(f"{path} belongs to another run: identity fields {diff} differ")
-        plain = state_lib.restore_state(saved, model=self.model, optimizer=self.optimizer,
-                                        generators={"generation": self.generation})
+        plain = state_lib.restore_state(saved, model=self.model, optimizer=self.optimizer, generators=self.generators)
         self.order.restore(plain["data_order"])
         self.history, self.consumed = plain["history"], plain["consumed_ids"]
         self.next_update = plain["scheduler"]["next_update"]
@@ -292,7 +345,7 @@ class Loop:
 
 
 def start_loop(config: PresetConfig, G: int, total_iterations: int, start_file: Path, sampler: str,
-               device: str) -> Loop:
+               device: str, variant: Variant = PROTOCOL) -> Loop:
     """Stage 0: the three roles (policy and reference are two loads of one file), AdamW, the pool."""
     seed_everything(config.seed)
     model, tokenizer = models.load(config.name, state=start_file, device=device)
@@ -312,13 +365,47 @@ def start_loop(config: PresetConfig, G: int, total_iterations: int, start_file: 
         "torch_threads": torch.get_num_threads(),
         "start_file": str(start_file.relative_to(REPO_ROOT)) if start_file.is_relative_to(REPO_ROOT) else str(start_file),
         "start_digest": start_digest, "pool_ids": [r["id"] for r in pool],
+        # a variant's switches make another run; the protocol's identity stays as it was
+        **({} if variant.is_protocol else {"variant": variant.to_dict()}),
     }
+    updates = variant.updates_per_iteration or config.updates_per_iteration
     return Loop(config=config, G=G, model=model, reference=reference, tokenizer=tokenizer, optimizer=optimizer,
                 pool=pool, prompts={r["id"]: scoring.build_prompt_ids(tokenizer, r["statement"], config.max_prompt_tokens)
                                     for r in pool},
                 order=PromptOrder(len(pool), config.seed + PROMPT_ORDER_SEED_OFFSET),
                 generation=torch.Generator().manual_seed(config.seed + GENERATION_SEED_OFFSET), identity=identity,
-                total_updates=total_iterations * config.updates_per_iteration, reference_digest=reference_digest)
+                total_updates=total_iterations * updates, reference_digest=reference_digest, variant=variant,
+                updates_per_iteration=updates,
+                reward_generator=(torch.Generator().manual_seed(config.seed + REWARD_SEED_OFFSET)
+                                  if variant.reward == "random" else None))
+
+
+def optimised_rewards(groups: list[sampling.Group], loop: Loop) -> torch.Tensor:
+    """(P, G) float32: the rewards the loop optimises.  The verifier's (the protocol), or the
+    variant's control (random, format-only), minus its length penalty."""
+    variant = loop.variant
+    if variant.reward == "verifier":
+        rewards = torch.tensor([g.rewards for g in groups])
+    elif variant.reward == "format":
+        rewards = torch.tensor([[float(v.valid) for v in g.verdicts] for g in groups])
+    else:  # random: independent of the response, from the control's own seeded stream
+        shape = (len(groups), len(groups[0].rollouts))
+        rewards = (torch.rand(shape, generator=loop.reward_generator) < variant.random_reward_p).float()
+    if variant.length_penalty:
+        lengths = torch.tensor([[len(r.response_ids) for r in g.rollouts] for g in groups], dtype=torch.float32)
+        rewards = rewards - variant.length_penalty * lengths / loop.config.max_response_tokens
+    return rewards
+
+
+def imitation_rows(loop: Loop, chosen: list[dict], rollouts: list[sampling.Rollout],
+                   optimised: torch.Tensor) -> tuple[list[list[int]], list[list[int]]]:
+    """(prompts, responses) that RFT or SFT imitates: RFT the iteration's own responses whose
+    optimised reward is 1 (possibly none), SFT the solver's target for each chosen prompt."""
+    if loop.variant.objective == "rft":
+        keep = [i for i, value in enumerate(optimised.reshape(-1).tolist()) if value >= 1.0]
+        return [rollouts[i].prompt_ids for i in keep], [rollouts[i].response_ids for i in keep]
+    return ([loop.prompts[p["id"]] for p in chosen],
+            [scoring.target_response_ids(loop.tokenizer, p["target"]) for p in chosen])
 
 
 def run_iteration(loop: Loop, iteration: int, sampler: str) -> tuple[dict, list[dict], dict]:
@@ -335,8 +422,9 @@ def run_iteration(loop: Loop, iteration: int, sampler: str) -> tuple[dict, list[
     t_generation = time.perf_counter() - t0
     rollouts = [r for g in groups for r in g.rollouts]
     verdicts = [v for g in groups for v in g.verdicts]
-    rewards = torch.tensor([g.rewards for g in groups])  # (P, G)
-    advantages = losses.group_advantages(rewards, eps=config.advantage_eps).reshape(-1)  # (P x G,)
+    optimised = optimised_rewards(groups, loop)  # (P, G): the verifier's, or the variant's
+    advantages = losses.group_advantages(optimised, eps=config.advantage_eps,
+                                         scale_by_std=loop.variant.scale_by_std).reshape(-1)  # (P x G,)
     repeated = set(loop.consumed).intersection(r.rollout_id for r in rollouts)
     if repeated:
         raise RuntimeError(f"rollouts {sorted(repeated)} were already optimised; a rollout is used once")
@@ -344,10 +432,6 @@ def run_iteration(loop: Loop, iteration: int, sampler: str) -> tuple[dict, list[
     # Stage 4-5: one batch, one reference forward, two updates; the pre-update check on the
     # first update's own forward, before its step.
     t0 = time.perf_counter()
-    batch = scoring.make_batch([r.prompt_ids for r in rollouts], [r.response_ids for r in rollouts],
-                               pad_id=loop.tokenizer.pad_token_id)
-    old = padded([r.old_logprobs for r in rollouts], batch.response_mask.shape[1])
-    reference = reference_scores(loop.reference, batch)
     check = {}
 
     def pre_update_check(logp_cur: torch.Tensor) -> None:
@@ -355,27 +439,47 @@ def run_iteration(loop: Loop, iteration: int, sampler: str) -> tuple[dict, list[
         check.update(sampling.compare_with_recorded(logp_cur, rollouts, tol=config.logprob_check_tol))
         check["seconds"] = time.perf_counter() - t  # the comparison only: the forward is the update's
 
+    if loop.variant.objective == "grpo":
+        prompts, responses, first_hook = [r.prompt_ids for r in rollouts], [r.response_ids for r in rollouts], pre_update_check
+    else:  # rft, sft: the rows to imitate; the check then needs a forward of its own
+        pre_update_check(scoring.response_logprobs(loop.model, scoring.make_batch(
+            [r.prompt_ids for r in rollouts], [r.response_ids for r in rollouts], pad_id=0))[0])
+        prompts, responses = imitation_rows(loop, chosen, rollouts, optimised)
+        first_hook = None
     updates = []
-    for k in range(config.updates_per_iteration):
-        lr = warmup_linear_decay(loop.next_update, loop.total_updates, config.grpo_lr, config.warmup_fraction,
-                                 config.final_lr_fraction)
-        updates.append(grpo_update(loop.model, loop.optimizer, batch, old, advantages, reference, lr, group_size=G,
-                                   config=config, before_step=pre_update_check if k == 0 else None))
-        loop.next_update += 1
+    if prompts:
+        batch = scoring.make_batch(prompts, responses, pad_id=loop.tokenizer.pad_token_id)
+        old = padded([r.old_logprobs for r in rollouts], batch.response_mask.shape[1]) \
+            if loop.variant.objective == "grpo" else None
+        reference = reference_scores(loop.reference, batch)
+        for k in range(loop.updates_per_iteration):
+            lr = warmup_linear_decay(loop.next_update, loop.total_updates, config.grpo_lr, config.warmup_fraction,
+                                     config.final_lr_fraction)
+            updates.append(grpo_update(loop.model, loop.optimizer, batch, old, advantages, reference, lr,
+                                       group_size=G, config=config, before_step=first_hook if k == 0 else None,
+                                       variant=loop.variant))
+            loop.next_update += 1
+    else:  # RFT with no correct response this iteration: nothing to learn from, no update
+        loop.next_update += loop.updates_per_iteration
     t_optimisation = time.perf_counter() - t0
     loop.consumed += [r.rollout_id for r in rollouts]
 
     # Stage 6: the log record and the rows to keep.
-    rows = [rollout_record(r, iteration + 1, verdicts[i], float(advantages[i])) for i, r in enumerate(rollouts)]
+    flat_optimised = optimised.reshape(-1)
+    rows = [{**rollout_record(r, iteration + 1, verdicts[i], float(advantages[i])),
+             "optimised_reward": float(flat_optimised[i])} for i, r in enumerate(rollouts)]
     record = {
         "iteration": iteration + 1,
         "problem_ids": [p["id"] for p in chosen],
         **iteration_metrics(rows, [v.valid for v in verdicts]),
+        "optimised_reward": float(optimised.mean()),
+        "optimised/frac_reward_zero_std": float(losses.zero_variance_groups(optimised).float().mean()),
         "logprob_check/max_abs_diff": check["max_abs_diff"],
         "updates": updates,
-        # the figures trainers log, from the last update of the iteration
-        **{k: updates[-1][k] for k in ("kl", "entropy", "grad_norm", "learning_rate", "clip_ratio/low_mean",
-                                       "clip_ratio/high_mean", "clip_ratio/region_mean")},
+        # the figures trainers log, from the last update of the iteration (None: no update ran)
+        **{k: updates[-1][k] if updates else None
+           for k in ("kl", "entropy", "grad_norm", "learning_rate", "clip_ratio/low_mean", "clip_ratio/high_mean",
+                     "clip_ratio/region_mean")},
     }
     loop.history.append(record)
     timings = {"iteration": iteration + 1, "generation": t_generation, "logprob_check": check["seconds"],
@@ -431,6 +535,7 @@ def run_grpo(
     device: str | None = None,
     overwrite: bool = False,
     progress: bool = True,
+    variant: Variant = PROTOCOL,
 ) -> dict:
     """Run GRPO into `run_dir`; returns the manifest (or, when stopped early, a summary).
 
@@ -440,6 +545,7 @@ def run_grpo(
     resume_from     a state file of the same run to continue from, with fresh objects
     sampler         "reference" (the protocol's, no KV cache) or "fast" (recorded in the manifest)
     start_file      the warm-start safetensors (default: runs/<preset>/warm_start/model.safetensors)
+    variant         the loop's switches (`labkit.variants`; default: the protocol's)
     """
     config = get_preset(config) if isinstance(config, str) else config
     G = config.group_size if group_size is None else group_size
@@ -454,7 +560,8 @@ def run_grpo(
     start_file = Path(start_file or warm_start_file(config.name))
     data.check_path_access("learning", start_file)
     began = time.perf_counter()
-    loop = start_loop(config, G, total_iterations, start_file, sampler, device or models.default_device(config.name))
+    loop = start_loop(config, G, total_iterations, start_file, sampler, device or models.default_device(config.name),
+                      variant)
     first_iteration, first_in_folder = _prepare_folder(folder, loop, resume_from)
     state_files: list[dict] = []
     bar = _progress_bar(progress, first_iteration, end_iteration, G)
@@ -467,7 +574,8 @@ def run_grpo(
             if iteration + 1 in save_states_at or iteration + 1 == end_iteration:
                 state_files.append(save_loop_state(folder, loop, iteration + 1))
             bar.update(1)
-            bar.set_postfix(reward=f"{record['reward']:.2f}", kl=f"{record['kl']:.2e}",
+            bar.set_postfix(reward=f"{record['reward']:.2f}",
+                            kl="no update" if record["kl"] is None else f"{record['kl']:.2e}",
                             zero_std=f"{record['frac_reward_zero_std']:.2f}")
     bar.close()
     summary = {"iterations_run": [first_iteration, end_iteration], "state_files": state_files,

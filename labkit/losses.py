@@ -132,6 +132,31 @@ def reduce_tokens(values: torch.Tensor, mask: torch.Tensor, group_size: int | No
     return group_means.mean()  # ()
 
 
+def token_mean(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """One mean over every active token of the batch (TRL's "dapo"/"bnpo" reductions).
+
+        out = sum_it mask_it values_it / sum_it mask_it
+
+    values, mask: (B, T).  Returns a 0-d tensor.  Unlike `reduce_tokens`, a response weighs
+    in proportion to its length: the length bias the lab's reduction avoids."""
+    _check_values_and_mask(values, mask)
+    active = mask.bool()
+    if not active.any():
+        raise ValueError("token_mean: no active position in the batch")
+    zeros = torch.zeros((), dtype=values.dtype, device=values.device)
+    return torch.where(active, values, zeros).sum() / active.sum()
+
+
+def reduce(values: torch.Tensor, mask: torch.Tensor, group_size: int | None = None,
+           reduction: str = "sequence") -> torch.Tensor:
+    """`reduce_tokens` ("sequence", the protocol's) or `token_mean` ("token"); (B, T) -> 0-d."""
+    if reduction == "sequence":
+        return reduce_tokens(values, mask, group_size)
+    if reduction == "token":
+        return token_mean(values, mask)
+    raise ValueError(f"unknown reduction {reduction!r}; expected 'sequence' or 'token'")
+
+
 # ----------------------------------------------------------------------------
 # 4. Ratio and clipped surrogate
 # ----------------------------------------------------------------------------
@@ -144,6 +169,7 @@ def clipped_surrogate(
     mask: torch.Tensor,
     clip_eps: float = 0.2,
     group_size: int | None = None,
+    reduction: str = "sequence",
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """The clipped surrogate loss of PPO/GRPO and its clipping statistics.
 
@@ -157,6 +183,7 @@ def clipped_surrogate(
     mask:       (B, T) True on response tokens.
     group_size: G for the reduction (see `reduce_tokens`); None = one group of all rows,
                 which gives the same value whenever groups have equal sizes.
+    reduction:  "sequence" (`reduce_tokens`, the protocol's) or "token" (`token_mean`).
 
     The gradient of obj_it with respect to logp_cur_it is rho_it A_i where the min picks
     the unclipped term, and exactly 0 where the clip is active: rho > 1 + eps with A > 0,
@@ -192,7 +219,7 @@ def clipped_surrogate(
     unclipped = rho * adv
     clipped = rho.clamp(1.0 - clip_eps, 1.0 + clip_eps) * adv
     objective = torch.minimum(unclipped, clipped)  # (B, T)
-    loss = -reduce_tokens(objective, mask, group_size)
+    loss = -reduce(objective, mask, group_size, reduction)
 
     with torch.no_grad():
         low = (rho < 1.0 - clip_eps) & (adv < 0) & active

@@ -14,7 +14,10 @@ from __future__ import annotations
 GRPO_ITERATION = {
     "iteration": "1-based index of the iteration",
     "problem_ids": "the P pool problems of the iteration, in prompt order",
-    "reward": "mean verifier reward over the P x G rollouts",
+    "reward": "mean verifier (true) reward over the P x G rollouts, whatever reward the run optimises",
+    "optimised_reward": "mean reward the run optimises (the verifier's in the protocol; a variant's control "
+                        "or length penalty otherwise: labkit.variants)",
+    "optimised/frac_reward_zero_std": "share of groups whose optimised rewards are all equal (no signal)",
     "reward_std": "mean over the P groups of the group's reward standard deviation (population, ddof 0)",
     "frac_reward_zero_std": "share of groups whose G rewards are all equal: no signal, zero advantages",
     "valid_json": "share of responses whose text is a schema-valid answer (verifier Verdict.valid)",
@@ -71,6 +74,7 @@ ROLLOUT_ROW = {
     "tokenization_valid": "False if an id is outside the tokenizer",
     "old_logprobs": "log-prob of each generated id under the sampling (old) policy, recorded at sampling",
     "reward": "verifier reward, 1 for complete, valid and correct",
+    "optimised_reward": "the reward the run optimised for this response (= reward in the protocol)",
     "reason": "verifier reason when the reward is 0, else None",
     "advantage": "(r - group mean) / (group std + eps)",
     "policy_digest": "parameter digest of the policy that sampled",

@@ -1,0 +1,105 @@
+"""The objective's variants (labkit.variants): each switch changes its part of the loop only."""
+
+import json
+
+import pytest
+import torch
+
+from labkit import grpo, losses, models, state as state_lib
+from labkit.config import TINY
+from labkit.variants import Variant
+from labkit.verifier import score
+
+SMALL = TINY.with_overrides(max_response_tokens=5, grpo_lr=1e-3)
+
+
+@pytest.fixture(scope="module")
+def start_file(tmp_path_factory):
+    path = tmp_path_factory.mktemp("start") / "model.safetensors"
+    models.save_model(models.new_tiny_model(seed=3), path)
+    return path
+
+
+def run(folder, start_file, variant, **kw):
+    kw.setdefault("iterations", 2)
+    manifest = grpo.run_grpo(SMALL, folder, group_size=2, start_file=start_file, progress=False, variant=variant, **kw)
+    history = json.loads((folder / "history.json").read_text()) if (folder / "history.json").exists() else None
+    return manifest, history, grpo.read_rollouts(folder)
+
+
+def test_options_are_checked_by_name():
+    with pytest.raises(ValueError, match=r"unknown variant option\(s\) \['kll'\]"):
+        Variant.from_dict({"kll": "none"})
+    with pytest.raises(ValueError, match="variant kl='k2': expected one of"):
+        Variant(kl="k2")
+    with pytest.raises(ValueError, match="needs random_reward_p"):
+        Variant(reward="random")
+    with pytest.raises(ValueError, match="positive integer"):
+        Variant(updates_per_iteration=0)
+    assert Variant().is_protocol and not Variant(kl="none").is_protocol
+    assert Variant.from_dict(Variant(kl="k3").to_dict()) == Variant(kl="k3")
+
+
+def test_the_token_mean_weighs_long_responses_more():
+    values = torch.tensor([[1.0, 1.0, 1.0, 1.0], [0.0, 0.0, 0.0, 0.0]], dtype=torch.float64)
+    mask = torch.tensor([[1, 1, 1, 1], [1, 0, 0, 0]])
+    assert float(losses.token_mean(values, mask)) == 4 / 5  # 4 ones among 5 active tokens
+    assert float(losses.reduce_tokens(values, mask)) == 0.5  # each response weighs 1/2
+
+
+def test_one_update_per_iteration_never_clips(tmp_path, start_file):
+    manifest, history, _ = run(tmp_path / "one", start_file, Variant(updates_per_iteration=1), iterations=3)
+    assert manifest["updates"] == 3 and all(len(h["updates"]) == 1 for h in history)
+    # rho = exp(logp_current - logp_old) with current = old up to the pre-update check's 2e-4
+    assert all(h["clip_ratio/region_mean"] == 0.0 for h in history)
+    assert all(abs(u["ratio/max"] - 1) < 1e-3 and abs(u["ratio/min"] - 1) < 1e-3 for h in history for u in h["updates"])
+
+
+def test_dr_grpo_advantages_are_the_centred_rewards(tmp_path, start_file):
+    _, _, rows = run(tmp_path / "dr", start_file, Variant(scale_by_std=False, reward="random", random_reward_p=0.5))
+    for k in range(0, len(rows), 2):
+        a, b = rows[k:k + 2]
+        mean = (a["optimised_reward"] + b["optimised_reward"]) / 2
+        assert a["advantage"] == a["optimised_reward"] - mean and b["advantage"] == b["optimised_reward"] - mean
+
+
+def test_the_random_control_ignores_the_response_and_resumes_exactly(tmp_path, start_file):
+    variant = Variant(reward="random", random_reward_p=0.5)
+    _, history, rows = run(tmp_path / "continuous", start_file, variant, iterations=3)
+    assert {r["optimised_reward"] for r in rows} <= {0.0, 1.0}
+    assert all(r["reward"] == 0.0 for r in rows)  # a random model is never right; the control still pays
+    assert sum(r["optimised_reward"] for r in rows) > 0
+    run(tmp_path / "stop", start_file, variant, iterations=3, stop_after=1)
+    run(tmp_path / "resume", start_file, variant, iterations=3, resume_from=grpo.state_path(tmp_path / "stop", 1))
+    a, _ = state_lib.load_state(grpo.state_path(tmp_path / "continuous", 3))
+    b, _ = state_lib.load_state(grpo.state_path(tmp_path / "resume", 3))
+    assert "reward" in a["generators"] and state_lib.compare_states(a, b)["equal"]
+    assert a["identity"]["variant"] == variant.to_dict()
+
+
+def test_the_format_control_pays_validity_and_rft_learns_only_rewarded_rows(tmp_path, start_file):
+    _, history, rows = run(tmp_path / "rft", start_file, Variant(objective="rft", reward="format", kl="none"))
+    problems = {p["id"]: p["problem"] for p in grpo.load_pool()}
+    for r in rows:  # the format control pays exactly the verifier's validity, whatever the value
+        verdict = score(r["text"], r["finish_reason"], problems[r["problem_id"]], r["tokenization_valid"])
+        assert r["optimised_reward"] == float(verdict.valid)
+    rewarded = [h for h in history if h["optimised_reward"] > 0]
+    assert all(len(h["updates"]) == 0 for h in history if h["optimised_reward"] == 0)
+    assert all(len(h["updates"]) == 2 for h in rewarded)
+
+
+def test_sft_at_equal_prompts_imitates_the_targets(tmp_path, start_file):
+    manifest, history, _ = run(tmp_path / "sft", start_file, Variant(objective="sft", kl="none"), iterations=3)
+    losses_seen = [u["loss"] for h in history for u in h["updates"]]
+    assert manifest["updates"] == 6 and losses_seen[-1] < losses_seen[0]  # the targets get likelier
+    assert all(u["clip_ratio/region_mean"] == 0.0 for h in history for u in h["updates"])
+
+
+@pytest.mark.parametrize("kl", ["k3", "none"])
+def test_the_logged_kl_is_the_exact_one_whatever_the_penalty(tmp_path, start_file, kl):
+    # the random control gives a signal even to a random-init model, so the policy moves
+    _, history, _ = run(tmp_path / kl, start_file, Variant(kl=kl, reward="random", random_reward_p=0.5))
+    first = history[0]["updates"][0]
+    assert first["kl"] == 0.0 and first["kl_k3"] == pytest.approx(0.0, abs=1e-6)  # current = reference at update 1
+    second = history[-1]["updates"][-1]
+    assert second["kl"] > 1e-6  # the policy moved; the exact KL is measured though not optimised
