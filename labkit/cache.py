@@ -29,7 +29,7 @@ DATA_FILES = tuple(
 LEARNING_CODE = ("labkit/config.py", "labkit/data.py", "labkit/scoring.py", "labkit/schedule.py", "labkit/state.py",
                  "labkit/models.py", "labkit/runs.py", "labkit/runtime.py", "labkit/resume.py", "labkit/task.py",
                  "labkit/tokenizer.py", "labkit/sampling.py", "labkit/verifier.py")
-ROLLOUT_CODE = ("labkit/losses.py", "labkit/grpo.py")
+ROLLOUT_CODE = ("labkit/losses.py", "labkit/grpo.py", "labkit/variants.py")
 # The base was pretrained (104 minutes on one thread) before the lab recorded these of its imports;
 # their later changes were checked not to change what pretraining computes (see BASE_UNRECORDED_WHY).
 BASE_UNRECORDED = ("labkit/config.py", "labkit/models.py", "labkit/runs.py", "labkit/state.py", "labkit/tokenizer.py")

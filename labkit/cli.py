@@ -97,7 +97,7 @@ def cmd_sft(args: argparse.Namespace) -> int:
     )
     nll = ", ".join(f"{v['nll']:.4f}" for v in manifest["validation_nll"])
     greedy = manifest.get("validation_greedy")
-    accuracy = f", greedy validation accuracy {greedy['accuracy']:.1%}" if greedy else ""
+    accuracy = f", greedy validation accuracy {greedy['success_rate']:.1%}" if greedy else ""
     print(f"{branch} ({manifest['status']}): {manifest['counts']['updates']} updates, validation NLL per epoch "
           f"[{nll}]{accuracy}, {manifest['times']['total_seconds']:.1f} s")
     return 0
@@ -264,6 +264,30 @@ def cmd_smoke(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_sweep(args: argparse.Namespace) -> int:
+    """Train and evaluate the sweep's missing runs; then write runs/<preset>/sweep/results.json."""
+    import time
+
+    from . import sweep
+
+    for name in ("workers", "threads"):
+        if getattr(args, name) < 1:
+            raise ValueError(f"--{name} {getattr(args, name)}: must be at least 1")
+    runs = sweep.load_runs(args.file or sweep.DEFAULT_FILE, args.preset)
+    specs = sweep.plan(args.preset, runs, threads=args.threads)
+    if args.plan:
+        for s in specs:
+            print(f"{s['name']:<20} {Path(s['folder']).name:<36} {'finished' if sweep._done(s) else 'to run'}")
+        return 0
+    began = time.perf_counter()
+    done = sweep.run_sweep(specs, workers=args.workers, scheduler=args.scheduler)
+    out = Path(specs[0]["folder"]).parent / sweep.RESULTS_FILE
+    sweep.collect_results(specs, out)
+    print(f"sweep: {len(done)} run(s) trained or evaluated, {len(specs) - len(done)} read; "
+          f"{time.perf_counter() - began:.0f} s; results in {out}")
+    return 0
+
+
 def cmd_sampler_agreement(args: argparse.Namespace) -> int:
     """Reference vs fast sampler on the warm start: greedy and seeded agreement, explained, timed."""
     import torch
@@ -289,17 +313,11 @@ def _add_sft_arguments(p: argparse.ArgumentParser) -> None:
 
 COMMAND_ORDER = ("data", "pretrain", "warm-start", "sft", "sft-resume-check", "grpo", "grpo-resume-check",
                  "sampler-agreement", "evaluate", "results-json", "group-size",  # the protocol, in order
-                 "all", "smoke", "cache", "tune", "bench", "student")  # the tools
+                 "sweep", "all", "smoke", "cache", "tune", "bench", "student")  # the tools
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="python -m labkit",
-        description="GRPO course lab: run each step of the protocol (see book/protocol.md).",
-    )
-    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
-    sub.required = True
-
+def _add_data_and_tool_commands(sub) -> None:
+    """Subcommands: the data, tuning and benchmark commands."""
     from .task import DEFAULT_SEED
 
     p = sub.add_parser("data", help="generate the StockArithmetic-v1 files from their seed")
@@ -318,6 +336,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("rest", nargs=argparse.REMAINDER, help="arguments passed to the benchmark")
     p.set_defaults(func=cmd_bench)
 
+
+def _add_training_commands(sub) -> None:
+    """Subcommands: pretraining, GRPO, the pipeline, the cache and the smoke run."""
     p = sub.add_parser("pretrain", help="pretrain the tiny base: the corpus phase, then the answer phase")
     p.add_argument("--preset", default="tiny", help="only 'tiny' (default: %(default)s)")
     p.add_argument("--out", type=Path, default=None, help="run folder (default: runs/tiny/base)")
@@ -402,6 +423,9 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument("--no-greedy-eval", action="store_true", help="skip the final greedy validation accuracy")
         p.set_defaults(func=cmd_sft, branch_fixed=fixed)
 
+
+def _add_exercise_commands(sub) -> None:
+    """Subcommands: the SFT resume check, the exercises (group size, sweep) and the student copies."""
     p = sub.add_parser("sft-resume-check", help="SFT: stop after epoch 1, resume, compare with the continuous run")
     _add_sft_arguments(p)
     p.add_argument("--branch", default="both", choices=["warm_start", "sft", "both"], help="(default: %(default)s)")
@@ -415,11 +439,26 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.set_defaults(func=cmd_group_size)
 
+    p = sub.add_parser("sweep", help="chapter 9: the loop's variants, each trained and evaluated once, in parallel "
+                                     "(runs cached by their configuration's fingerprint)")
+    p.add_argument("file", nargs="?", type=Path, default=None,
+                   help="sweep file, JSON or TOML with a 'runs' list (default: sweeps/chapter9.json)")
+    p.add_argument("--preset", default="tiny", choices=["tiny", "qwen"], help="model preset (default: %(default)s)")
+    p.add_argument("--workers", type=int, default=2, help="worker processes on this machine (default: %(default)s)")
+    p.add_argument("--threads", type=int, default=1, help="torch threads per worker (default: %(default)s)")
+    p.add_argument("--scheduler", default=None,
+                   help="a Dask distributed scheduler's address (e.g. tcp://10.0.0.5:8786) to run on instead")
+    p.add_argument("--plan", action="store_true", help="only list the runs, their folders and what is finished")
+    p.set_defaults(func=cmd_sweep)
+
     p = sub.add_parser("student", help="write the student copies of the notebooks (solution cells stubbed)")
     p.add_argument("--out", type=Path, default=Path("student"), help="output folder (default: %(default)s/)")
     p.add_argument("notebooks", nargs="*", type=Path, help="notebooks to copy (default: every notebooks/*.ipynb)")
     p.set_defaults(func=cmd_student)
 
+
+def _add_evaluation_commands(sub) -> None:
+    """Subcommands: evaluation, its results file and the sampler comparison."""
     p = sub.add_parser("evaluate", help="test evaluation: greedy + 4 seeded samples per problem, then results.json")
     p.add_argument("--preset", default="tiny", choices=["tiny", "qwen"], help="model preset (default: %(default)s)")
     p.add_argument("--device", default=None, help="cpu or cuda (default: cuda for qwen when present, else cpu)")
@@ -459,6 +498,20 @@ def build_parser() -> argparse.ArgumentParser:
 
     # `--help` lists the steps in the protocol's order, then the tools (argparse keeps the
     # order of add_parser, which groups the code by shared arguments instead).
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="python -m labkit",
+        description="GRPO course lab: run each step of the protocol (see book/protocol.md).",
+    )
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    sub.required = True
+
+    _add_data_and_tool_commands(sub)
+    _add_training_commands(sub)
+    _add_exercise_commands(sub)
+    _add_evaluation_commands(sub)
     rank = {name: i for i, name in enumerate(COMMAND_ORDER)}
     sub._choices_actions.sort(key=lambda action: rank.get(action.dest, len(rank)))
     return parser

@@ -1,0 +1,194 @@
+"""A sweep of the loop's variants: runs cached by their configuration's fingerprint, run in parallel.
+
+    python -m labkit sweep [FILE] [--workers N] [--scheduler ADDRESS]
+
+FILE (JSON, or TOML with a top-level `runs` array) lists the runs: each a `name` and the variant
+`options` of `labkit.variants.Variant` (unknown keys are an error).  For each run:
+
+1. its folder is runs/<preset>/sweep/<name>-<fingerprint>, the fingerprint a digest of everything
+   that makes its numbers: the preset's config, the variant, G, the iterations, the sampler, the
+   start file's digest, and the digests of the data and of the code (labkit.cache's GRPO inputs);
+2. a finished folder is read, never rerun: asking again for a finished configuration costs nothing;
+3. a missing one is trained (`grpo.run_grpo` with the variant) and evaluated exactly as the
+   protocol's policies are (`evaluate.run_inference`: greedy and 4 draws on the 200 test problems,
+   into <run>/evaluation/), in a worker process; what they share (the finished warm start) is
+   checked before the fan-out.
+Workers: `concurrent.futures.ProcessPoolExecutor` on this machine, or a Dask distributed
+scheduler at ADDRESS (`dask-scheduler` and `dask-worker` started elsewhere), whose workers see the
+same repository at the same path.  Results (scoring phase): runs/<preset>/sweep/results.json.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import time
+from concurrent.futures import ProcessPoolExecutor, as_completed
+from pathlib import Path
+
+from .runs import REPO_ROOT, RunFolder, read_json, sha256_file, write_json
+from .variants import Variant
+
+DEFAULT_FILE = REPO_ROOT / "sweeps" / "chapter9.json"
+SWEEP_ITERATIONS = 100  # the protocol's budget for every variant
+RESULTS_FILE = "results.json"
+
+
+def load_runs(path: str | Path, preset: str = "tiny") -> list[tuple[str, Variant]]:
+    """[(name, variant)] from a sweep file; names must be unique and usable as folder names.
+
+    `"random_reward_p": "warm_start_p"` stands for the warm start's measured per-draw validation
+    success (runs/<preset>/group_size/warm_start_p.json), so the random control pays as often as
+    the real reward would at the start."""
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"sweep file {path} does not exist")
+    if path.suffix == ".toml":
+        import tomllib
+
+        spec = tomllib.loads(path.read_text(encoding="utf-8"))
+    else:
+        spec = json.loads(path.read_text(encoding="utf-8"))
+    runs = spec.get("runs") if isinstance(spec, dict) else None
+    if not isinstance(runs, list) or not runs:
+        raise ValueError(f"{path}: expected a top-level 'runs' list of {{'name', 'options'}}")
+    out, seen = [], set()
+    for k, entry in enumerate(runs):
+        unknown = sorted(set(entry) - {"name", "options"})
+        if unknown:
+            raise ValueError(f"{path}: run {k} has unknown key(s) {unknown}; expected 'name' and 'options'")
+        name = entry.get("name", "")
+        if not name or not all(c.isalnum() or c in "_-" for c in name) or name in seen:
+            raise ValueError(f"{path}: run {k} name {name!r} must be unique, letters, digits, '_' or '-'")
+        seen.add(name)
+        options = dict(entry.get("options", {}))
+        if options.get("random_reward_p") == "warm_start_p":
+            options["random_reward_p"] = read_json(REPO_ROOT / "runs" / preset / "group_size" / "warm_start_p.json")["p"]
+        out.append((name, Variant.from_dict(options)))
+    return out
+
+
+def fingerprint(spec: dict) -> str:
+    """12 hex digits naming a run by everything that makes its numbers."""
+    from . import cache
+    from .config import get_preset
+
+    config = get_preset(spec["preset"]).with_overrides(**spec.get("config_overrides", {}))
+    inputs = (*cache.get_step("grpo").code, *cache.get_step("evaluation").code)  # training and evaluation
+    code = {name: sha256_file(REPO_ROOT / name) for name in sorted(set(inputs)) if (REPO_ROOT / name).is_file()}
+    identity = {"config": config.to_dict(), "variant": spec["options"], "group_size": spec["group_size"],
+                "iterations": spec["iterations"], "sampler": spec["sampler"],
+                "start_sha256": sha256_file(spec["start_file"]), "inputs_sha256": code}
+    return hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()[:12]
+
+
+def run_one(spec: dict) -> dict:
+    """Train (unless finished) and evaluate (unless finished) one run; returns a short summary.
+
+    spec: plain values only (it crosses into a worker process or a Dask worker)."""
+    import torch
+
+    from . import evaluate, grpo
+    from .config import get_preset
+
+    torch.set_num_threads(spec.get("threads", 1))
+    folder = Path(spec["folder"])
+    began = time.perf_counter()
+    trained = False
+    if not RunFolder(folder).is_finished():
+        config = get_preset(spec["preset"]).with_overrides(**spec.get("config_overrides", {}))
+        grpo.run_grpo(config, folder, group_size=spec["group_size"], iterations=spec["iterations"],
+                      start_file=spec["start_file"], sampler=spec["sampler"], progress=False,
+                      variant=Variant.from_dict(spec["options"]))
+        trained = True
+    evaluated = False
+    if spec.get("evaluate", True) and not RunFolder(folder / "evaluation" / "grpo").is_finished():
+        evaluate.run_inference(spec["preset"], "grpo", state_file=folder / "model.safetensors",
+                               eval_root=folder / "evaluation", limit=spec.get("eval_limit"))
+        evaluated = True
+    return {"name": spec["name"], "folder": str(folder), "trained": trained, "evaluated": evaluated,
+            "seconds": time.perf_counter() - began}
+
+
+def plan(preset: str, runs: list[tuple[str, Variant]], *, root: str | Path | None = None,
+         iterations: int = SWEEP_ITERATIONS, start_file: str | Path | None = None, sampler: str = "reference",
+         config_overrides: dict | None = None, eval_limit: int | None = None, evaluate: bool = True,
+         threads: int = 1) -> list[dict]:
+    """The specs of the sweep's runs, each with its fingerprinted folder."""
+    from . import grpo
+    from .config import get_preset
+
+    config = get_preset(preset)
+    start_file = Path(start_file) if start_file is not None else grpo.warm_start_file(preset)  # checked: finished
+    root = Path(root) if root is not None else REPO_ROOT / "runs" / preset / "sweep"
+    specs = []
+    for name, variant in runs:
+        spec = {"name": name, "preset": preset, "options": variant.to_dict(), "group_size": config.group_size,
+                "iterations": iterations, "sampler": sampler, "start_file": str(start_file),
+                "config_overrides": dict(config_overrides or {}), "eval_limit": eval_limit, "evaluate": evaluate,
+                "threads": threads}
+        spec["folder"] = str(root / f"{name}-{fingerprint(spec)}")
+        specs.append(spec)
+    return specs
+
+
+def run_sweep(specs: list[dict], *, workers: int = 2, scheduler: str | None = None, progress: bool = True) -> list[dict]:
+    """Run the missing runs of `specs` in parallel; finished ones are read, not rerun."""
+    todo = [s for s in specs if not _done(s)]
+    if progress:
+        for s in specs:
+            if s not in todo:
+                print(f"{s['name']}: finished, read from {Path(s['folder']).name}", flush=True)
+    if not todo:
+        return []
+    summaries = []
+    if scheduler is not None:
+        from distributed import Client, as_completed as dask_completed
+
+        with Client(scheduler) as client:
+            futures = client.map(run_one, todo, pure=False)
+            for future in dask_completed(futures):
+                summaries.append(_report(future.result(), progress))
+    else:
+        import multiprocessing
+
+        with ProcessPoolExecutor(max_workers=workers, mp_context=multiprocessing.get_context("spawn")) as pool:
+            for future in as_completed([pool.submit(run_one, s) for s in todo]):
+                summaries.append(_report(future.result(), progress))
+    return summaries
+
+
+def _done(spec: dict) -> bool:
+    folder = Path(spec["folder"])
+    return RunFolder(folder).is_finished() and (not spec.get("evaluate", True)
+                                                or RunFolder(folder / "evaluation" / "grpo").is_finished())
+
+
+def _report(summary: dict, progress: bool) -> dict:
+    if progress:
+        what = " and ".join(w for w, done in (("trained", summary["trained"]), ("evaluated", summary["evaluated"]))
+                            if done) or "nothing to do"
+        print(f"{summary['name']}: {what} in {summary['seconds']:.0f} s", flush=True)
+    return summary
+
+
+def collect_results(specs: list[dict], out: str | Path | None = None) -> dict:
+    """Scoring phase: every run's evaluation (Wilson intervals, ID50/OOD100/ALL) and its curves."""
+    from . import evaluate
+
+    labels = evaluate.load_test_labels(phase=evaluate.SCORING_PHASE)
+    results = {"format": "labkit sweep results v1", "runs": {}}
+    for spec in specs:
+        folder = Path(spec["folder"])
+        history = read_json(folder / "history.json")
+        results["runs"][spec["name"]] = {
+            "folder": folder.name,
+            "options": spec["options"],
+            "evaluation": evaluate.score_policy(folder / "evaluation" / "grpo", labels),
+            "curves": {key: [h[key] for h in history] for key in
+                       ("reward", "optimised_reward", "frac_reward_zero_std", "optimised/frac_reward_zero_std",
+                        "entropy", "completions/mean_length", "kl", "clip_ratio/region_mean", "valid_json")},
+        }
+    if out is not None:
+        write_json(out, results)
+    return results
