@@ -513,3 +513,178 @@ def plot_ratio_history(history: list[dict], clip_eps: float = 0.2, tol: float = 
     ax.legend(fontsize=7, ncol=2, loc="upper center")
     fig.tight_layout()
     return fig
+
+
+# ---------------------------------------------------------------- chapter 9 (appended)
+
+
+def _rolling_mean_skipping_none(values: list, window: int) -> list[float]:
+    """Trailing mean over the last `window` values, None left out (NaN where a window holds none)."""
+    out = []
+    for i in range(len(values)):
+        kept = [float(v) for v in values[max(0, i - window + 1): i + 1] if v is not None]
+        out.append(sum(kept) / len(kept) if kept else float("nan"))
+    return out
+
+
+VARIANT_CURVES = (
+    # (curve key in the sweep's results.json, panel title, y label, y scale)
+    ("reward", "true (verifier) reward", "reward", "linear"),
+    ("optimised_reward", "optimised reward (what the loss saw)", "reward", "linear"),
+    ("optimised/frac_reward_zero_std", "zero-variance groups (optimised reward)", "fraction of groups", "linear"),
+    ("entropy", "mean token entropy (last update)", "nats", "linear"),
+    ("completions/mean_length", "mean response length", "tokens", "linear"),
+    ("kl", "exact prefix KL to the reference (last update; log scale)", "nats per token", "log"),
+    ("clip_ratio/region_mean", "clip fraction (last update)", "fraction of tokens", "linear"),
+)
+
+
+def plot_variant_curves(curves: dict[str, dict[str, list]], window: int = 10, keys=VARIANT_CURVES,
+                        styles: dict[str, dict] | None = None):
+    """Small multiples: one panel per logged quantity, one line per run, on shared axes (chapter 9).
+
+    curves: {run name: {key: one value per iteration}} (the sweep's results.json "curves"); a
+    None (an RFT iteration that made no update) is left out of the trailing mean of `window`
+    iterations, which is what each line shows.  keys: (key, title, y label, y scale) per panel.
+    styles: optional matplotlib keyword arguments per run (colour, line style).  All panels share
+    the iteration axis, and every run of a panel is drawn on that panel's one scale.
+    """
+    if not curves:
+        raise ValueError("no runs to plot")
+    rows = (len(keys) + 1) // 2
+    fig, axes = plt.subplots(rows, 2, figsize=(9.5, 2.2 * rows + 0.9), sharex=True, squeeze=False)
+    for ax, (key, title, ylabel, scale) in zip(axes.flat, keys):
+        for name, run in curves.items():
+            values = _rolling_mean_skipping_none(run[key], window)
+            if scale == "log":  # a zero (no update moved the policy yet) has no place on a log axis
+                values = [v if v > 0 else float("nan") for v in values]
+            style = {"linewidth": 1.3, **(styles or {}).get(name, {})}
+            ax.plot(range(1, len(values) + 1), values, label=name, **style)
+        ax.set_yscale(scale)
+        if ylabel.startswith("fraction"):  # from 0, with a margin proportional to the data
+            top = max(ax.get_ylim()[1], 1e-3)
+            ax.set_ylim(-0.04 * top, top)
+        ax.set_title(title, fontsize=9, loc="left")
+        ax.set_ylabel(ylabel, fontsize=8)
+        ax.tick_params(labelsize=8)
+    for ax in axes.flat[len(keys):]:
+        ax.set_visible(False)
+    for k, ax in enumerate(axes.flat[:len(keys)]):
+        if k + 2 >= len(keys):  # no panel below this one: it carries the iteration axis
+            ax.xaxis.set_tick_params(labelbottom=True)
+            ax.set_xlabel("iteration", fontsize=8)
+    handles, labels = axes.flat[0].get_legend_handles_labels()
+    fig.legend(handles, labels, loc="lower center", ncol=min(5, len(labels)), fontsize=8, frameon=False)
+    fig.tight_layout(rect=(0, 0.07, 1, 1))
+    return fig
+
+
+def plot_variant_intervals(evaluations: dict[str, dict], reference: str | None = None,
+                           modes: tuple[str, ...] = ("greedy", "sample"),
+                           populations: tuple[str, ...] = ("ALL", "ID50", "OOD100")):
+    """Forest plot: each run's success rate with its Wilson 95% interval, per mode and population (chapter 9).
+
+    evaluations: {run name: evaluation} as in the sweep's results.json (per mode and population a
+    summary with "success_rate" and "success_rate_ci"), drawn top to bottom in that order.
+    reference: a run whose interval is shaded in every panel, so an overlap can be read off.
+    """
+    names = list(evaluations)
+    fig, axes = plt.subplots(len(populations), len(modes), figsize=(4.6 * len(modes), 0.28 * len(names) * len(populations) + 1.2),
+                             sharey=True, squeeze=False)
+    for i, population in enumerate(populations):
+        for j, mode in enumerate(modes):
+            ax = axes[i][j]
+            for k, name in enumerate(names):
+                s = evaluations[name][mode][population]
+                rate, (low, high) = 100 * s["success_rate"], s["success_rate_ci"]
+                ax.errorbar([rate], [k], xerr=[[rate - 100 * low], [100 * high - rate]], fmt="o", markersize=3.5,
+                            capsize=2.5, color="tab:red" if name == reference else "tab:blue", linewidth=1)
+            if reference is not None:
+                low, high = evaluations[reference][mode][population]["success_rate_ci"]
+                ax.axvspan(100 * low, 100 * high, color="tab:red", alpha=0.12, linewidth=0)
+            what = "greedy pass@1" if mode == "greedy" else "per-draw success"
+            n = evaluations[names[0]][mode][population]["responses"]
+            ax.set_title(f"{population}, {what} (n = {n})", fontsize=9, loc="left")
+            ax.tick_params(labelsize=8)
+            if i == len(populations) - 1:
+                ax.set_xlabel("success rate (%), whiskers: Wilson 95%", fontsize=8)
+    axes[0][0].set_yticks(range(len(names)), names)
+    axes[0][0].invert_yaxis()
+    fig.tight_layout()
+    return fig
+
+
+def plot_ratio_and_clip(histories: dict[str, list[dict]], clip_eps: float = 0.2, tol: float = 2e-4):
+    """Left: the largest |rho - 1| of each update, per iteration; right: each update's clip fraction (chapter 9).
+
+    histories: {run name: its history.json}; every update of every iteration is drawn, one
+    series per (run, update index), so a run with one update per iteration has one series.
+    The clip edge eps (dotted) and the recorded-log-prob tolerance (dashed) frame the left panel.
+    """
+    fig, (left, right) = plt.subplots(1, 2, figsize=(9.5, 3.4))
+    markers = ("o", "x", "s", "^")
+    for r, (name, history) in enumerate(histories.items()):
+        for u in range(max(len(h["updates"]) for h in history)):
+            rows = [(h["iteration"], h["updates"][u]) for h in history if len(h["updates"]) > u]
+            label = f"{name}, update {u + 1}"
+            style = {"marker": markers[u % len(markers)], "markersize": 3, "linewidth": 0.7, "color": f"C{r}",
+                     "alpha": 1.0 if u == 0 else 0.6}
+            left.plot([x for x, _ in rows], [max(d["ratio/max"] - 1.0, 1.0 - d["ratio/min"]) for _, d in rows],
+                      label=label, **style)
+            right.plot([x for x, _ in rows], [d["clip_ratio/region_mean"] for _, d in rows], label=label, **style)
+    left.axhline(clip_eps, color="tab:red", linestyle=":", linewidth=1.0, label=rf"clip edge $\epsilon = {clip_eps:g}$")
+    left.axhline(tol, color="grey", linestyle="--", linewidth=0.8, label=f"log-prob check tolerance {tol:g}")
+    left.set_yscale("log")
+    left.set_ylabel(r"largest $|\rho - 1|$ in the batch", fontsize=8)
+    right.set_ylabel("clip fraction (tokens)", fontsize=8)
+    for ax in (left, right):
+        ax.set_xlabel("iteration", fontsize=8)
+        ax.tick_params(labelsize=8)
+    right.set_ylim(bottom=-0.04 * max(right.get_ylim()[1], 1e-3))
+    handles, labels = left.get_legend_handles_labels()
+    fig.legend(handles, labels, loc="lower center", ncol=3, fontsize=7, frameon=False)
+    fig.tight_layout(rect=(0, 0.14, 1, 1))
+    return fig
+
+
+def plot_std_amplification(spreads: list[float], scaled: list[float], unscaled: list[float],
+                           reference: float | None = None):
+    """The largest advantage of a group [0.5 + d, 0.5, ..., 0.5] against d, with and without the std (chapter 9).
+
+    spreads: the d values (> 0, log axis); scaled, unscaled: the group's largest advantage for
+    each, GRPO's (divided by the std) and Dr. GRPO's (centred only).  reference: the largest
+    advantage a 0/1 group can get, drawn as a dashed line.
+    """
+    fig, ax = plt.subplots(figsize=(6.2, 3.3))
+    ax.plot(spreads, scaled, marker="o", markersize=3, label="GRPO: (r - mean) / (std + 1e-8)")
+    ax.plot(spreads, unscaled, marker="s", markersize=3, label="Dr. GRPO: r - mean")
+    if reference is not None:
+        ax.axhline(reference, color="grey", linestyle="--", linewidth=0.8,
+                   label=f"largest advantage of a 0/1 group ({reference:.3f})")
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlabel("reward difference d of one response (the others 0.5)")
+    ax.set_ylabel("largest advantage in the group")
+    ax.legend(fontsize=7, loc="lower right")
+    fig.tight_layout()
+    return fig
+
+
+def plot_kl_gradients(labels: list[str], gradients: dict[str, list[float]]):
+    """Grouped bars: gradients with respect to the current policy's logits, one group per token (chapter 9).
+
+    labels: the vocabulary entries; gradients: {name: one value per entry}, e.g. the exact
+    expected gradient of the k3 penalty and the gradients of KL(cur || ref) and KL(ref || cur).
+    """
+    width = 0.8 / len(gradients)
+    fig, ax = plt.subplots(figsize=(6.2, 3.0))
+    for j, (name, values) in enumerate(gradients.items()):
+        xs = [i + (j - (len(gradients) - 1) / 2) * width for i in range(len(labels))]
+        ax.bar(xs, values, width, label=name)
+    ax.axhline(0.0, color="black", linewidth=0.6)
+    ax.set_xticks(range(len(labels)), labels)
+    ax.set_xlabel("token of the toy vocabulary")
+    ax.set_ylabel("gradient w.r.t. its logit")
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    return fig

@@ -1,4 +1,4 @@
-"""Exercise checkers: one module per chapter (`ch01` ... `ch08`), in chapter order.
+"""Exercise checkers: one module per chapter (`ch01` ... `ch09`), in chapter order.
 
 Each checker takes the student's function or answer, compares it with the
 lab's own, and raises `ExerciseError` with a message that says what is wrong
@@ -23,6 +23,8 @@ from .ch06 import CH06_HINTS, CH06_KEYS, check_ch06_iteration_metrics
 from .ch06 import _ch06_cases  # noqa: F401  (private, but tests/test_exercises_ch06.py reads the constructed cases)
 from .ch07 import CH07_CASES, check_ch07_pass_at_k
 from .ch08 import CH08_CASES, check_ch08_zero_signal
+from .ch09 import CH09_HINTS, CH09_ROLES, check_ch09_one_update_run
+from .ch09 import _ch09_cases, _ch09_history  # noqa: F401  (private, but tests/test_exercises_ch09.py builds the cases)
 
 __all__ = [
     "ExerciseError",
@@ -46,4 +48,7 @@ __all__ = [
     "check_ch07_pass_at_k",
     "CH08_CASES",
     "check_ch08_zero_signal",
+    "CH09_HINTS",
+    "CH09_ROLES",
+    "check_ch09_one_update_run",
 ]
