@@ -1056,7 +1056,7 @@ def run_smoke(preset: str = "qwen", *, random_weights: bool = True, device: str 
         "eval_problems_per_population": eval_problems,
         "rewards": rewards,
         "started_utc": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-        "run_dir": _display_path(run_dir),
+        "run_dir": evaluate._display_path(run_dir),  # repository-relative where inside it
         "environment": environment(device),
         "command": " ".join(sys.argv) if sys.argv and sys.argv[0] else None,
         "peak_memory": "host: the process's peak resident set per stage (VmHWM, reset per stage where "
@@ -1106,14 +1106,6 @@ def run_smoke(preset: str = "qwen", *, random_weights: bool = True, device: str 
         shutil.rmtree(s.work, ignore_errors=True)  # gigabytes of intermediate files: sizes are recorded
     mark_finished(run_dir, {"stages": len(meter.rows), "total_seconds": report["total_seconds"]})
     return report
-
-
-def _display_path(path: Path) -> str:
-    """Repository-relative where inside the repository, else absolute."""
-    try:
-        return str(Path(path).resolve().relative_to(REPO_ROOT))
-    except ValueError:
-        return str(path)
 
 
 def print_report(report: dict) -> None:
