@@ -92,6 +92,7 @@ test: $(STAMP)  ## unit tests and nbval, each under native and portable kernels,
 cache: $(STAMP)  ## rebuild the stale steps of the cached tiny run, then the results page and the chapters' outputs
 	$(PY) -m labkit all --preset tiny --rebuild-stale --threads 1
 	$(PY) -m labkit sweep --preset tiny --workers 2
+	$(PY) -m labkit sweep sweeps/chapter10.json --preset tiny --workers 2
 	$(PY) -m labkit.book results-page
 	$(PY) -m labkit.book execute
 

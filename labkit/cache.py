@@ -29,13 +29,13 @@ DATA_FILES = tuple(
 LEARNING_CODE = ("labkit/config.py", "labkit/data.py", "labkit/scoring.py", "labkit/schedule.py", "labkit/state.py",
                  "labkit/models.py", "labkit/runs.py", "labkit/runtime.py", "labkit/resume.py", "labkit/task.py",
                  "labkit/tokenizer.py", "labkit/sampling.py", "labkit/verifier.py")
-ROLLOUT_CODE = ("labkit/losses.py", "labkit/grpo.py", "labkit/variants.py")
+ROLLOUT_CODE = ("labkit/losses.py", "labkit/grpo.py", "labkit/variants.py", "labkit/reward_model.py")
 # The base was pretrained (104 minutes on one thread) before the lab recorded these of its imports;
 # their later changes were checked not to change what pretraining computes (see BASE_UNRECORDED_WHY).
 BASE_UNRECORDED = ("labkit/config.py", "labkit/models.py", "labkit/runs.py", "labkit/state.py", "labkit/tokenizer.py")
 BASE_UNRECORDED_WHY = (
     "config.py and models.py give new_tiny_model the same architecture dict as when the base was made; "
-    "runs.py and state.py changed how files are checked and listed, not what is computed; tokenizer.py "
+    "runs.py and state.py changed how files are checked, listed and shown, not what is computed; tokenizer.py "
     "loads the recorded tokenizer asset.  Recording them would make the base stale and force a re-pretraining.")
 
 
@@ -72,6 +72,12 @@ STEPS = (
     Step("group_size", "group_size", (*LEARNING_CODE, *ROLLOUT_CODE, "labkit/group_size.py", "labkit/evaluate.py",
                                       "labkit/metrics.py", *DATA_FILES), ("warm_start/model.safetensors",),
          outputs=("grpo_g2", "grpo_g8")),
+    Step("reward_model", "reward_model", (*LEARNING_CODE, "labkit/reward_model.py"),
+         ("warm_start/model.safetensors", "sft/model.safetensors")),
+    Step("format_base", "format_base", (*LEARNING_CODE, "labkit/format_base.py", "labkit/answer_phase.py",
+                                        "labkit/corpus.py", "labkit/evaluate.py", "labkit/metrics.py",
+                                        "labkit/assets/tiny/tokenizer.json", *DATA_FILES),
+         ("base/model.safetensors",)),
 )
 STEP_NAMES = tuple(s.name for s in STEPS)
 

@@ -273,18 +273,44 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     for name in ("workers", "threads"):
         if getattr(args, name) < 1:
             raise ValueError(f"--{name} {getattr(args, name)}: must be at least 1")
-    runs = sweep.load_runs(args.file or sweep.DEFAULT_FILE, args.preset)
-    specs = sweep.plan(args.preset, runs, threads=args.threads)
+    sweep_file = args.file or sweep.DEFAULT_FILE
+    runs = sweep.load_runs(sweep_file, args.preset)
+    specs = sweep.plan(args.preset, runs, threads=args.threads, starts=sweep.load_starts(sweep_file))
     if args.plan:
         for s in specs:
             print(f"{s['name']:<20} {Path(s['folder']).name:<36} {'finished' if sweep._done(s) else 'to run'}")
         return 0
     began = time.perf_counter()
     done = sweep.run_sweep(specs, workers=args.workers, scheduler=args.scheduler)
-    out = Path(specs[0]["folder"]).parent / sweep.RESULTS_FILE
+    out = Path(specs[0]["folder"]).parent / sweep.results_file(sweep_file)
     sweep.collect_results(specs, out)
     print(f"sweep: {len(done)} run(s) trained or evaluated, {len(specs) - len(done)} read; "
           f"{time.perf_counter() - began:.0f} s; results in {out}")
+    return 0
+
+
+def cmd_reward_model(args: argparse.Namespace) -> int:
+    """Chapter 10's learned verifier: sample, label by the verifier, fit, report precision and recall."""
+    from . import reward_model
+
+    manifest = reward_model.run_reward_model(args.preset, args.run_dir, limit=args.limit, overwrite=args.overwrite,
+                                             progress=not args.no_progress)
+    held = manifest["metrics"]["held_out"]
+    print(f"reward model: held-out precision {held['precision']:.3f}, recall {held['recall']:.3f}, accuracy "
+          f"{held['accuracy']:.3f} on {held['n']} responses; in {args.run_dir or reward_model.default_run_dir(args.preset)}")
+    return 0
+
+
+def cmd_format_base(args: argparse.Namespace) -> int:
+    """Chapter 10's base that rarely answers in the lab's format: continued pretraining, measured, evaluated."""
+    from . import format_base
+
+    manifest = format_base.run_format_base(args.preset, args.run_dir, evaluate_limit=args.limit,
+                                           overwrite=args.overwrite, progress=not args.no_progress)
+    share = manifest["format_share"]
+    print(f"format base: {manifest['counts']['steps']} updates, {manifest['counts']['lab_format_documents']} lab-format "
+          f"documents; valid lab-format answers at temperature 1: {share['before']['valid']:.1%} before, "
+          f"{share['after']['valid']:.1%} after ({share['after']['correct']:.1%} correct)")
     return 0
 
 
@@ -313,7 +339,7 @@ def _add_sft_arguments(p: argparse.ArgumentParser) -> None:
 
 COMMAND_ORDER = ("data", "pretrain", "warm-start", "sft", "sft-resume-check", "grpo", "grpo-resume-check",
                  "sampler-agreement", "evaluate", "results-json", "group-size",  # the protocol, in order
-                 "sweep", "all", "smoke", "cache", "tune", "bench", "student")  # the tools
+                 "sweep", "reward-model", "format-base", "all", "smoke", "cache", "tune", "bench", "student")  # the tools
 
 
 def _add_data_and_tool_commands(sub) -> None:
@@ -457,6 +483,29 @@ def _add_exercise_commands(sub) -> None:
     p.set_defaults(func=cmd_student)
 
 
+def _add_chapter10_commands(sub) -> None:
+    """Subcommands: chapter 10's learned verifier and format-seeded base."""
+    p = sub.add_parser("reward-model", help="chapter 10: a learned verifier (logistic regression on the warm start's "
+                                            "scores), fitted to the verifier's labels of warm-start and SFT samples")
+    p.add_argument("--preset", default="tiny", choices=["tiny", "qwen"], help="model preset (default: %(default)s)")
+    p.add_argument("--run-dir", type=Path, default=None, help="run folder (default: runs/<preset>/reward_model)")
+    p.add_argument("--limit", type=int, default=None, help="use only the first N train problems (default: all 1,000)")
+    p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: 1 for tiny)")
+    p.add_argument("--overwrite", action="store_true", help="replace a finished run (evidence: normally refused)")
+    p.add_argument("--no-progress", action="store_true", help="no progress lines")
+    p.set_defaults(func=cmd_reward_model)
+
+    p = sub.add_parser("format-base", help="chapter 10: continue the tiny base's pretraining with 2%% of documents "
+                                           "in the lab's format until 5%% of its answers use it; then evaluate it")
+    p.add_argument("--preset", default="tiny", help="only 'tiny' (default: %(default)s)")
+    p.add_argument("--run-dir", type=Path, default=None, help="run folder (default: runs/tiny/format_base)")
+    p.add_argument("--limit", type=int, default=None, help="evaluate on the first N test problems per population")
+    p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: 1 for tiny)")
+    p.add_argument("--overwrite", action="store_true", help="replace a finished run (evidence: normally refused)")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.set_defaults(func=cmd_format_base)
+
+
 def _add_evaluation_commands(sub) -> None:
     """Subcommands: evaluation, its results file and the sampler comparison."""
     p = sub.add_parser("evaluate", help="test evaluation: greedy + 4 seeded samples per problem, then results.json")
@@ -511,6 +560,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_data_and_tool_commands(sub)
     _add_training_commands(sub)
     _add_exercise_commands(sub)
+    _add_chapter10_commands(sub)
     _add_evaluation_commands(sub)
     rank = {name: i for i, name in enumerate(COMMAND_ORDER)}
     sub._choices_actions.sort(key=lambda action: rank.get(action.dest, len(rank)))

@@ -67,7 +67,7 @@ import torch
 
 from . import data, metrics, runtime, scoring, verifier
 from .config import QWEN, get_preset
-from .runs import (FINISHED_MARKER, REPO_ROOT, dumps_json, ensure_not_finished, is_finished, mark_finished,
+from .runs import (FINISHED_MARKER, REPO_ROOT, display_path, dumps_json, ensure_not_finished, is_finished, mark_finished,
                    read_json, read_jsonl, sha256_file, write_json, write_jsonl)
 
 POLICIES = ("warm_start", "sft", "grpo", "grpo_g2", "grpo_g8")
@@ -166,9 +166,14 @@ def policy_state_file(preset: str, policy: str) -> Path:
     return run_dir / "model.safetensors"
 
 
-def check_policy(policy: str) -> None:
+def check_policy(policy: str, *, explicit: bool = False) -> None:
+    """A protocol policy's name; with `explicit` (the caller gives the model file and the folder,
+    as the sweep and chapter 10's format base do) any plain name: letters, digits and '_'."""
+    if explicit and policy and all(c.isalnum() or c == "_" for c in policy):
+        return
     if policy not in POLICIES:
-        raise ValueError(f"unknown policy {policy!r}; expected one of {POLICIES}")
+        raise ValueError(f"unknown policy {policy!r}; expected one of {POLICIES}"
+                         + ("" if explicit else " (another name needs an explicit state file and eval root)"))
 
 
 # --- 3. Inference -------------------------------------------------------------------------------
@@ -266,7 +271,7 @@ def run_inference(preset: str, policy: str, *, state_file: str | Path | None = N
     """
     from . import models, sampling
 
-    check_policy(policy)
+    check_policy(policy, explicit=state_file is not None and eval_root is not None)
     sampling.get_sampler(sampler)  # refuse an unknown sampler before any work
     config = get_preset(preset)
     draws = config.eval_draws if draws is None else draws
@@ -318,7 +323,7 @@ def run_inference(preset: str, policy: str, *, state_file: str | Path | None = N
         "phase": INFERENCE_PHASE,  # how labkit.data recognises these files as inference outputs
         "preset": preset,
         "policy": policy,
-        "state_file": _display_path(state_file),
+        "state_file": display_path(state_file),
         "state_file_sha256": sha256_file(state_file),
         "policy_digest": digest,
         "policy_digest_after_generation": digest,
@@ -337,15 +342,6 @@ def run_inference(preset: str, policy: str, *, state_file: str | Path | None = N
     mark_finished(out_dir, {"policy": policy, "policy_digest": digest,
                             "responses": {m: len(rows[m]) for m in MODES}})
     return manifest
-
-
-def _display_path(path: Path) -> str:
-    """A repository-relative path when inside the repository (stable across clones), else absolute."""
-    path = Path(path).resolve()
-    try:
-        return str(path.relative_to(REPO_ROOT))
-    except ValueError:
-        return str(path)
 
 
 def run_evaluations(preset: str, policy: str = "all", **kwargs) -> list[tuple[str, str]]:

@@ -29,7 +29,7 @@ import torch
 
 from . import grpo, losses
 from .config import PresetConfig, get_preset
-from .runs import (REPO_ROOT, RunExistsError, dumps_json, is_finished, mark_finished, read_json, sha256_bytes,
+from .runs import (REPO_ROOT, RunExistsError, display_path, dumps_json, is_finished, mark_finished, read_json, sha256_bytes,
                    sha256_file, write_json)
 
 BRANCH_GROUP_SIZES = (2, 8)
@@ -291,12 +291,6 @@ def sft_budget_row(run_dir: str | Path, name: str) -> dict | None:
     }
 
 
-def _display_path(path: Path) -> str:
-    """Repository-relative when inside the repository (stable across clones), else absolute."""
-    path = path.resolve()
-    return str(path.relative_to(REPO_ROOT)) if path.is_relative_to(REPO_ROOT) else str(path)
-
-
 def warm_start_validation_success(config: PresetConfig, start_file: str | Path, *, draws: int = 4,
                                   limit: int | None = None, device: str | None = None,
                                   batch_size: int = 64) -> dict:
@@ -335,7 +329,7 @@ def warm_start_validation_success(config: PresetConfig, start_file: str | Path, 
         "responses": len(rollouts),
         "correct": correct,
         "sampler": "fast",
-        "start_file": _display_path(Path(start_file)),
+        "start_file": display_path(Path(start_file)),
         "seconds": time.perf_counter() - began,
     }
 

@@ -38,7 +38,7 @@ import torch
 
 from . import data, losses, models, sampling, scoring, state as state_lib, task
 from .config import PresetConfig, get_preset
-from .runs import REPO_ROOT, ArtifactError, RunFolder, is_finished, read_json, run_path, write_json
+from .runs import REPO_ROOT, ArtifactError, RunFolder, is_finished, read_json, run_path, sha256_file, write_json
 from .schedule import warmup_linear_decay
 from .variants import Variant
 
@@ -312,6 +312,7 @@ class Loop:
     variant: Variant = PROTOCOL
     updates_per_iteration: int = 2
     reward_generator: torch.Generator | None = None  # the random-reward control's own stream
+    learned_verifier: object | None = None  # the proxy of reward "learned" (labkit.reward_model)
     history: list[dict] = field(default_factory=list)
     consumed: list[str] = field(default_factory=list)
     next_update: int = 0
@@ -368,6 +369,12 @@ def start_loop(config: PresetConfig, G: int, total_iterations: int, start_file: 
         # a variant's switches make another run; the protocol's identity stays as it was
         **({} if variant.is_protocol else {"variant": variant.to_dict()}),
     }
+    learned = None
+    if variant.reward == "learned":  # the proxy and its judge, each checked against its recorded digest
+        from . import reward_model
+
+        learned = reward_model.load_verifier(config.name, device=device)
+        identity["reward_model_sha256"] = sha256_file(reward_model.model_file(config.name))
     updates = variant.updates_per_iteration or config.updates_per_iteration
     return Loop(config=config, G=G, model=model, reference=reference, tokenizer=tokenizer, optimizer=optimizer,
                 pool=pool, prompts={r["id"]: scoring.build_prompt_ids(tokenizer, r["statement"], config.max_prompt_tokens)
@@ -377,17 +384,22 @@ def start_loop(config: PresetConfig, G: int, total_iterations: int, start_file: 
                 total_updates=total_iterations * updates, reference_digest=reference_digest, variant=variant,
                 updates_per_iteration=updates,
                 reward_generator=(torch.Generator().manual_seed(config.seed + REWARD_SEED_OFFSET)
-                                  if variant.reward == "random" else None))
+                                  if variant.reward == "random" else None),
+                learned_verifier=learned)
 
 
 def optimised_rewards(groups: list[sampling.Group], loop: Loop) -> torch.Tensor:
-    """(P, G) float32: the rewards the loop optimises.  The verifier's (the protocol), or the
-    variant's control (random, format-only), minus its length penalty."""
+    """(P, G) float32: the rewards the loop optimises.  The verifier's (the protocol), the
+    variant's control (random, format-only) or the learned proxy, minus its length penalty."""
     variant = loop.variant
     if variant.reward == "verifier":
         rewards = torch.tensor([g.rewards for g in groups])
     elif variant.reward == "format":
         rewards = torch.tensor([[float(v.valid) for v in g.verdicts] for g in groups])
+    elif variant.reward == "learned":  # the proxy's yes/no; the verifier's reward is still logged beside it
+        proxy, _ = loop.learned_verifier.rewards([r.prompt_ids for g in groups for r in g.rollouts],
+                                                 [r.response_ids for g in groups for r in g.rollouts])
+        rewards = proxy.reshape(len(groups), -1)
     else:  # random: independent of the response, from the control's own seeded stream
         shape = (len(groups), len(groups[0].rollouts))
         rewards = (torch.rand(shape, generator=loop.reward_generator) < variant.random_reward_p).float()

@@ -11,6 +11,8 @@
     sampler_agreement    python -m labkit sampler-agreement        sampler_agreement.json
     evaluation           python -m labkit evaluate --policy all    evaluation/
     group_size           python -m labkit group-size               grpo_g2/, grpo_g8/, group_size/
+    reward_model         python -m labkit reward-model             reward_model/   (chapter 10)
+    format_base          python -m labkit format-base              format_base/    (tiny only, chapter 10)
 
 A step whose output is finished is skipped (finished runs are evidence and are
 never overwritten); with `rebuild_stale`, a step that `labkit.cache` finds stale
@@ -44,6 +46,9 @@ def _done(preset: str, step: str) -> bool:
         "sampler_agreement": lambda: (root / "sampler_agreement.json").exists(),
         "evaluation": lambda: (root / "evaluation" / "results.json").exists(),
         "group_size": lambda: is_finished(root / "group_size"),
+        "reward_model": lambda: is_finished(root / "reward_model"),
+        "format_base": lambda: is_finished(root / "format_base") and is_finished(root / "format_base" / "evaluation"
+                                                                                  / "format_base"),
     }
     return checks[step]()
 
@@ -63,13 +68,17 @@ def _commands(preset: str, device: str | None, threads: int | None) -> list[tupl
         ("sampler_agreement", ["sampler-agreement", *common]),
         ("evaluation", ["evaluate", *threaded, "--policy", "all"]),
         ("group_size", ["group-size", *threaded]),
+        ("reward_model", ["reward-model", *threaded]),
     ]
+    if preset == "tiny":
+        steps.append(("format_base", ["format-base", *threaded]))
     return steps
 
 
 # Steps of the pipeline that correspond to a cache step (for staleness and recording).
 CACHE_STEP = {"base": "base", "warm_start": "warm_start", "sft": "sft", "grpo": "grpo",
-              "evaluation": "evaluation", "group_size": "group_size"}
+              "evaluation": "evaluation", "group_size": "group_size", "reward_model": "reward_model",
+              "format_base": "format_base"}
 
 
 def run_all(preset: str, *, device: str | None = None, threads: int | None = None, rebuild_stale: bool = False,

@@ -264,6 +264,15 @@ def default_run_dir(preset: str) -> Path:
     return REPO_ROOT / "runs" / preset / "reward_model"
 
 
+def model_file(preset: str) -> Path:
+    """The finished learned verifier's classifier file (what a learned-reward run's identity names)."""
+    folder = RunFolder(default_run_dir(preset))
+    if not folder.is_finished():
+        raise FileNotFoundError(f"no finished reward model at {folder}; build it with "
+                                f"`python -m labkit reward-model --preset {preset}`")
+    return folder / MODEL_FILE
+
+
 def run_reward_model(preset: str = "tiny", run_dir: str | Path | None = None, *, cfg: RewardModelConfig | None = None,
                      limit: int | None = None, overwrite: bool = False, progress: bool = True) -> dict:
     """Sample, label, split, fit and save the learned verifier; returns its manifest.

@@ -108,6 +108,12 @@ class RunExistsError(FileExistsError):
     """Raised when a command would overwrite a finished run."""
 
 
+def display_path(path: str | os.PathLike) -> str:
+    """A repository-relative path when inside the repository (stable across clones), else absolute."""
+    path = Path(path).resolve()
+    return str(path.relative_to(REPO_ROOT)) if path.is_relative_to(REPO_ROOT) else str(path)
+
+
 def run_path(run_dir: str | os.PathLike) -> Path:
     """The run folder as an absolute path with `..` resolved lexically.
 
@@ -317,7 +323,8 @@ class RunFolder:
 
 # The command that rebuilds what a run folder of runs/<preset>/ holds, for the refusal's message.
 REBUILD_COMMANDS = {"base": "pretrain", "warm_start": "warm-start", "sft": "sft", "grpo": "grpo",
-                    "grpo_g2": "group-size", "grpo_g8": "group-size"}
+                    "grpo_g2": "group-size", "grpo_g8": "group-size", "reward_model": "reward-model",
+                    "format_base": "format-base"}
 
 
 def recorded_sha256(path: str | os.PathLike) -> tuple[str, Path] | None:

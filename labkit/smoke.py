@@ -103,7 +103,7 @@ import torch
 from . import evaluate, grpo, losses, models, runtime, sampling, scoring, sft
 from . import state as state_lib
 from .config import get_preset
-from .runs import REPO_ROOT, ensure_not_finished, mark_finished, write_json
+from .runs import REPO_ROOT, display_path, ensure_not_finished, mark_finished, write_json
 from .runtime import deterministic, seed_everything
 from .schedule import warmup_linear_decay
 from .tokenizer import ASSET_DIR
@@ -1056,7 +1056,7 @@ def run_smoke(preset: str = "qwen", *, random_weights: bool = True, device: str 
         "eval_problems_per_population": eval_problems,
         "rewards": rewards,
         "started_utc": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-        "run_dir": evaluate._display_path(run_dir),  # repository-relative where inside it
+        "run_dir": display_path(run_dir),  # repository-relative where inside it
         "environment": environment(device),
         "command": " ".join(sys.argv) if sys.argv and sys.argv[0] else None,
         "peak_memory": "host: the process's peak resident set per stage (VmHWM, reset per stage where "

@@ -2,12 +2,15 @@
 
     python -m labkit sweep [FILE] [--workers N] [--scheduler ADDRESS]
 
-FILE (JSON, or TOML with a top-level `runs` array) lists the runs: each a `name` and the variant
-`options` of `labkit.variants.Variant` (unknown keys are an error).  For each run:
+FILE (JSON, or TOML with a top-level `runs` array) lists the runs: each a `name`, the variant
+`options` of `labkit.variants.Variant` (unknown keys are an error) and optionally `start`, the
+finished step whose model the run starts from and keeps as its reference (default "warm_start";
+chapter 10 starts from "base" and "format_base").  For each run:
 
 1. its folder is runs/<preset>/sweep/<name>-<fingerprint>, the fingerprint a digest of everything
    that makes its numbers: the preset's config, the variant, G, the iterations, the sampler, the
-   start file's digest, and the digests of the data and of the code (labkit.cache's GRPO inputs);
+   start file's digest, the learned verifier's digest (reward "learned"), and the digests of the
+   data and of the code (labkit.cache's GRPO inputs);
 2. a finished folder is read, never rerun: asking again for a finished configuration costs nothing;
 3. a missing one is trained (`grpo.run_grpo` with the variant) and evaluated exactly as the
    protocol's policies are (`evaluate.run_inference`: greedy and 4 draws on the 200 test problems,
@@ -15,7 +18,8 @@ FILE (JSON, or TOML with a top-level `runs` array) lists the runs: each a `name`
    checked before the fan-out.
 Workers: `concurrent.futures.ProcessPoolExecutor` on this machine, or a Dask distributed
 scheduler at ADDRESS (`dask-scheduler` and `dask-worker` started elsewhere), whose workers see the
-same repository at the same path.  Results (scoring phase): runs/<preset>/sweep/results.json.
+same repository at the same path.  Results (scoring phase): runs/<preset>/sweep/results.json for
+the default file (chapter 9), results-<file name>.json for another.
 """
 
 from __future__ import annotations
@@ -32,15 +36,16 @@ from .variants import Variant
 DEFAULT_FILE = REPO_ROOT / "sweeps" / "chapter9.json"
 SWEEP_ITERATIONS = 100  # the protocol's budget for every variant
 RESULTS_FILE = "results.json"
+STARTS = ("warm_start", "base", "format_base")  # steps whose finished model a run may start from
 
 
-def load_runs(path: str | Path, preset: str = "tiny") -> list[tuple[str, Variant]]:
-    """[(name, variant)] from a sweep file; names must be unique and usable as folder names.
+def results_file(sweep_file: str | Path) -> str:
+    """Where a sweep file's results go, beside its runs: results.json for chapter 9's, else results-<stem>.json."""
+    sweep_file = Path(sweep_file)
+    return RESULTS_FILE if sweep_file.resolve() == DEFAULT_FILE.resolve() else f"results-{sweep_file.stem}.json"
 
-    `"random_reward_p": "warm_start_p"` stands for the warm start's measured per-draw validation
-    success (runs/<preset>/group_size/warm_start_p.json), so the random control pays as often as
-    the real reward would at the start."""
-    path = Path(path)
+
+def _read_spec(path: Path) -> list[dict]:
     if not path.is_file():
         raise FileNotFoundError(f"sweep file {path} does not exist")
     if path.suffix == ".toml":
@@ -52,11 +57,24 @@ def load_runs(path: str | Path, preset: str = "tiny") -> list[tuple[str, Variant
     runs = spec.get("runs") if isinstance(spec, dict) else None
     if not isinstance(runs, list) or not runs:
         raise ValueError(f"{path}: expected a top-level 'runs' list of {{'name', 'options'}}")
+    return runs
+
+
+def load_runs(path: str | Path, preset: str = "tiny") -> list[tuple[str, Variant]]:
+    """[(name, variant)] from a sweep file; names must be unique and usable as folder names.
+
+    `"random_reward_p": "warm_start_p"` stands for the warm start's measured per-draw validation
+    success (runs/<preset>/group_size/warm_start_p.json), so the random control pays as often as
+    the real reward would at the start."""
+    path = Path(path)
     out, seen = [], set()
-    for k, entry in enumerate(runs):
-        unknown = sorted(set(entry) - {"name", "options"})
+    for k, entry in enumerate(_read_spec(path)):
+        unknown = sorted(set(entry) - {"name", "options", "start"})
         if unknown:
-            raise ValueError(f"{path}: run {k} has unknown key(s) {unknown}; expected 'name' and 'options'")
+            raise ValueError(f"{path}: run {k} has unknown key(s) {unknown}; expected 'name', 'options' "
+                             "and optionally 'start'")
+        if entry.get("start", "warm_start") not in STARTS:
+            raise ValueError(f"{path}: run {k} start {entry['start']!r}: expected one of {STARTS}")
         name = entry.get("name", "")
         if not name or not all(c.isalnum() or c in "_-" for c in name) or name in seen:
             raise ValueError(f"{path}: run {k} name {name!r} must be unique, letters, digits, '_' or '-'")
@@ -66,6 +84,25 @@ def load_runs(path: str | Path, preset: str = "tiny") -> list[tuple[str, Variant
             options["random_reward_p"] = read_json(REPO_ROOT / "runs" / preset / "group_size" / "warm_start_p.json")["p"]
         out.append((name, Variant.from_dict(options)))
     return out
+
+
+def load_starts(path: str | Path) -> dict[str, str]:
+    """{name: start step} of a sweep file's runs ("warm_start" where a run names none)."""
+    return {entry["name"]: entry.get("start", "warm_start") for entry in _read_spec(Path(path))}
+
+
+def start_model(preset: str, start: str) -> Path:
+    """The finished model of step `start` (runs/<preset>/<start>/model.safetensors)."""
+    from . import grpo
+
+    if start not in STARTS:
+        raise ValueError(f"start {start!r}: expected one of {STARTS}")
+    if start == "warm_start":
+        return grpo.warm_start_file(preset)
+    folder = RunFolder(REPO_ROOT / "runs" / preset / start)
+    if not folder.is_finished():
+        raise FileNotFoundError(f"{folder} has no finished run to start from; build it first (`make cache`)")
+    return folder / "model.safetensors"
 
 
 def fingerprint(spec: dict) -> str:
@@ -78,7 +115,9 @@ def fingerprint(spec: dict) -> str:
     code = {name: sha256_file(REPO_ROOT / name) for name in sorted(set(inputs)) if (REPO_ROOT / name).is_file()}
     identity = {"config": config.to_dict(), "variant": spec["options"], "group_size": spec["group_size"],
                 "iterations": spec["iterations"], "sampler": spec["sampler"],
-                "start_sha256": sha256_file(spec["start_file"]), "inputs_sha256": code}
+                "start_sha256": sha256_file(spec["start_file"]), "inputs_sha256": code,
+                # the proxy a learned-reward run optimises makes its numbers too
+                **({"reward_model_sha256": spec["reward_model_sha256"]} if "reward_model_sha256" in spec else {})}
     return hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()[:12]
 
 
@@ -113,20 +152,26 @@ def run_one(spec: dict) -> dict:
 def plan(preset: str, runs: list[tuple[str, Variant]], *, root: str | Path | None = None,
          iterations: int = SWEEP_ITERATIONS, start_file: str | Path | None = None, sampler: str = "reference",
          config_overrides: dict | None = None, eval_limit: int | None = None, evaluate: bool = True,
-         threads: int = 1) -> list[dict]:
-    """The specs of the sweep's runs, each with its fingerprinted folder."""
-    from . import grpo
+         threads: int = 1, starts: dict[str, str] | None = None) -> list[dict]:
+    """The specs of the sweep's runs, each with its fingerprinted folder.
+
+    start_file: one model every run starts from (tests); else each run's step in `starts`
+    (`load_starts`; default "warm_start"), checked finished."""
+    from . import reward_model
     from .config import get_preset
 
     config = get_preset(preset)
-    start_file = Path(start_file) if start_file is not None else grpo.warm_start_file(preset)  # checked: finished
     root = Path(root) if root is not None else REPO_ROOT / "runs" / preset / "sweep"
     specs = []
     for name, variant in runs:
+        start_step = "given" if start_file is not None else (starts or {}).get(name, "warm_start")
+        start = Path(start_file) if start_file is not None else start_model(preset, start_step)
         spec = {"name": name, "preset": preset, "options": variant.to_dict(), "group_size": config.group_size,
-                "iterations": iterations, "sampler": sampler, "start_file": str(start_file),
+                "iterations": iterations, "sampler": sampler, "start_file": str(start),
                 "config_overrides": dict(config_overrides or {}), "eval_limit": eval_limit, "evaluate": evaluate,
-                "threads": threads}
+                "threads": threads, "start": start_step}
+        if variant.reward == "learned":
+            spec["reward_model_sha256"] = sha256_file(reward_model.model_file(preset))
         spec["folder"] = str(root / f"{name}-{fingerprint(spec)}")
         specs.append(spec)
     return specs
@@ -184,6 +229,7 @@ def collect_results(specs: list[dict], out: str | Path | None = None) -> dict:
         results["runs"][spec["name"]] = {
             "folder": folder.name,
             "options": spec["options"],
+            "start": spec.get("start", "warm_start"),
             "evaluation": evaluate.score_policy(folder / "evaluation" / "grpo", labels),
             "curves": {key: [h[key] for h in history] for key in
                        ("reward", "optimised_reward", "frac_reward_zero_std", "optimised/frac_reward_zero_std",

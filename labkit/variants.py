@@ -22,7 +22,8 @@ part of the loop and nothing else:
                        acts (REINFORCE with a group baseline)
     reward             "verifier" (the protocol); "random": Bernoulli(random_reward_p), independent
                        of the response (a control); "format": 1 for a schema-valid answer,
-                       whatever its value (a control)
+                       whatever its value (a control); "learned": the learned verifier's yes/no
+                       (`labkit.reward_model`, runs/<preset>/reward_model/), a proxy (chapter 10)
     random_reward_p    the random control's success probability (the sweep uses the warm start's
                        per-draw validation success)
 
@@ -38,7 +39,7 @@ from dataclasses import asdict, dataclass, fields
 OBJECTIVES = ("grpo", "rft", "sft")
 REDUCTIONS = ("sequence", "token")
 KLS = ("exact", "k3", "none")
-REWARDS = ("verifier", "random", "format")
+REWARDS = ("verifier", "random", "format", "learned")
 
 
 @dataclass(frozen=True)
@@ -58,7 +59,7 @@ class Variant:
     updates_per_iteration: int | None = None
     """updates on each iteration's rollouts; None: the preset's"""
     reward: str = "verifier"
-    """"verifier", "random" or "format\""""
+    """"verifier", "random", "format" or "learned\""""
     random_reward_p: float | None = None
     """the random control's success probability (required with reward "random")"""
 

@@ -10,10 +10,12 @@ def _verdicts(stale: set[str]) -> dict:
 
 
 @pytest.mark.parametrize("stale, expected", [
-    ({"base"}, ["base", "warm_start", "sft", "grpo", "evaluation", "group_size"]),
-    ({"warm_start"}, ["warm_start", "sft", "grpo", "evaluation", "group_size"]),
+    ({"base"}, ["base", "warm_start", "sft", "grpo", "evaluation", "group_size", "reward_model", "format_base"]),
+    ({"warm_start"}, ["warm_start", "sft", "grpo", "evaluation", "group_size", "reward_model"]),
     ({"grpo"}, ["grpo", "evaluation", "group_size"]),
-    ({"sft"}, ["sft", "evaluation", "group_size"]),
+    ({"sft"}, ["sft", "evaluation", "group_size", "reward_model"]),
+    ({"reward_model"}, ["reward_model"]),
+    ({"format_base"}, ["format_base"]),
     ({"evaluation"}, ["evaluation", "group_size"]),
     ({"group_size"}, ["group_size"]),
     (set(), []),
