@@ -2,6 +2,7 @@
 read and not rerun, and the same sweep runs on a two-worker Dask cluster on the loopback address."""
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -91,3 +92,53 @@ def test_the_committed_sweep_is_complete_for_this_code():
     results = read_json(sweep.REPO_ROOT / "runs" / "tiny" / "sweep" / sweep.RESULTS_FILE)
     assert sorted(results["runs"]) == sorted(s["name"] for s in specs)
     assert {results["runs"][s["name"]]["folder"] for s in specs} == {s["folder"].rsplit("/", 1)[1] for s in specs}
+
+
+CHAPTER10 = sweep.REPO_ROOT / "sweeps" / "chapter10.json"
+
+
+def test_a_run_may_start_from_another_finished_step(tmp_path):
+    path = write(tmp_path, [{"name": "a", "options": {}}, {"name": "b", "start": "base", "options": {}}])
+    assert sweep.load_starts(path) == {"a": "warm_start", "b": "base"}
+    with pytest.raises(ValueError, match=r"run 0 start 'sft': expected one of \('warm_start', 'base', 'format_base'\)"):
+        sweep.load_runs(write(tmp_path, [{"name": "a", "start": "sft", "options": {}}]))
+    specs = sweep.plan("tiny", sweep.load_runs(path), starts=sweep.load_starts(path), root=tmp_path, iterations=2)
+    assert [Path(s["start_file"]).parent.name for s in specs] == ["warm_start", "base"]
+    assert [s["start"] for s in specs] == ["warm_start", "base"]
+    assert specs[0]["folder"].rsplit("-", 1)[1] != specs[1]["folder"].rsplit("-", 1)[1]  # the start makes the run
+    assert sweep.results_file(path) == "results-sweep.json" and sweep.results_file(sweep.DEFAULT_FILE) == "results.json"
+
+
+def test_a_learned_reward_run_is_named_by_its_reward_model():
+    [spec] = sweep.plan("tiny", [("lr", Variant(reward="learned"))], iterations=2)
+    from labkit import reward_model
+
+    assert spec["reward_model_sha256"] == sweep.sha256_file(reward_model.model_file("tiny"))
+    altered = {**spec, "reward_model_sha256": "0" * 64}
+    assert sweep.fingerprint(altered) != sweep.fingerprint(spec)
+
+
+def test_the_committed_chapter10_sweep_is_complete_and_rescored_exactly():
+    """Every run of sweeps/chapter10.json is built for this code; every kept rollout's true reward is
+    the verifier's verdict on its text, and the learned run's optimised reward is its proxy."""
+    from labkit import grpo, verifier
+    from labkit.config import get_preset
+
+    specs = sweep.plan("tiny", sweep.load_runs(CHAPTER10), starts=sweep.load_starts(CHAPTER10))
+    due = [s["name"] for s in specs if not sweep._done(s)]
+    assert due == [], f"sweep runs {due} are not built for this code; rebuild with `make cache`"
+    results = read_json(sweep.REPO_ROOT / "runs" / "tiny" / "sweep" / "results-chapter10.json")
+    assert sorted(results["runs"]) == sorted(s["name"] for s in specs)
+    problems = {p["id"]: p["problem"] for p in grpo.load_pool()}
+    for spec in specs:
+        rows = grpo.read_rollouts(spec["folder"])
+        assert len(rows) == spec["iterations"] * spec["group_size"] * get_preset("tiny").prompts_per_iteration
+        for r in rows:
+            v = verifier.score(r["text"], r["finish_reason"], problems[r["problem_id"]], r["tokenization_valid"])
+            assert float(v.reward) == r["reward"]
+        if spec["options"]["reward"] == "learned":
+            assert {r["optimised_reward"] for r in rows} <= {0.0, 1.0}
+            assert read_json(Path(spec["folder"]) / "manifest.json")["identity"]["reward_model_sha256"] == \
+                spec["reward_model_sha256"]
+        else:
+            assert all(r["optimised_reward"] == r["reward"] for r in rows)

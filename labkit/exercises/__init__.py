@@ -1,4 +1,4 @@
-"""Exercise checkers: one module per chapter (`ch01` ... `ch09`), in chapter order.
+"""Exercise checkers: one module per chapter (`ch01` ... `ch10`), in chapter order.
 
 Each checker takes the student's function or answer, compares it with the
 lab's own, and raises `ExerciseError` with a message that says what is wrong
@@ -25,6 +25,7 @@ from .ch07 import CH07_CASES, check_ch07_pass_at_k
 from .ch08 import CH08_CASES, check_ch08_zero_signal
 from .ch09 import CH09_HINTS, CH09_ROLES, check_ch09_one_update_run
 from .ch09 import _ch09_cases, _ch09_history  # noqa: F401  (private, but tests/test_exercises_ch09.py builds the cases)
+from .ch10 import CH10_CASES, CH10_HINTS, check_ch10_carries
 
 __all__ = [
     "ExerciseError",
@@ -51,4 +52,7 @@ __all__ = [
     "CH09_HINTS",
     "CH09_ROLES",
     "check_ch09_one_update_run",
+    "CH10_CASES",
+    "CH10_HINTS",
+    "check_ch10_carries",
 ]
