@@ -101,7 +101,7 @@ def test_a_run_may_start_from_another_finished_step(tmp_path):
     path = write(tmp_path, [{"name": "a", "options": {}}, {"name": "b", "start": "base", "options": {}}])
     assert sweep.load_starts(path) == {"a": "warm_start", "b": "base"}
     with pytest.raises(ValueError, match=r"run 0 start 'sft': expected one of \('warm_start', 'base', 'format_base'\)"):
-        sweep.load_runs(write(tmp_path, [{"name": "a", "start": "sft", "options": {}}]))
+        sweep.load_runs(write(tmp_path, [{"name": "a", "start": "sft", "options": {}}], name="bad.json"))
     specs = sweep.plan("tiny", sweep.load_runs(path), starts=sweep.load_starts(path), root=tmp_path, iterations=2)
     assert [Path(s["start_file"]).parent.name for s in specs] == ["warm_start", "base"]
     assert [s["start"] for s in specs] == ["warm_start", "base"]
