@@ -284,6 +284,8 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     done = sweep.run_sweep(specs, workers=args.workers, scheduler=args.scheduler)
     out = Path(specs[0]["folder"]).parent / sweep.results_file(sweep_file)
     sweep.collect_results(specs, out)
+    for aside in sweep.retire_stale(specs):
+        print(f"{aside.name}: an earlier fingerprint of a run of this file, moved to {aside.parent}")
     print(f"sweep: {len(done)} run(s) trained or evaluated, {len(specs) - len(done)} read; "
           f"{time.perf_counter() - began:.0f} s; results in {out}")
     return 0

@@ -203,6 +203,28 @@ def run_sweep(specs: list[dict], *, workers: int = 2, scheduler: str | None = No
     return summaries
 
 
+def retire_stale(specs: list[dict]) -> list[Path]:
+    """Move aside the folders of earlier fingerprints of these runs (same name, other digest: built by
+    code or inputs that changed since) to runs/<preset>/stale/sweep/; returns where they went.
+
+    Only names of `specs` are touched, so another sweep file's runs in the same folder stay."""
+    import re
+    import shutil
+
+    moved = []
+    for spec in specs:
+        folder = Path(spec["folder"])
+        for old in sorted(folder.parent.glob(f"{spec['name']}-*")):
+            if old != folder and old.is_dir() and re.fullmatch(re.escape(spec["name"]) + r"-[0-9a-f]{12}", old.name):
+                aside = REPO_ROOT / "runs" / spec["preset"] / "stale" / "sweep" / old.name
+                aside.parent.mkdir(parents=True, exist_ok=True)
+                if aside.exists():
+                    shutil.rmtree(aside)
+                shutil.move(str(old), aside)
+                moved.append(aside)
+    return moved
+
+
 def _done(spec: dict) -> bool:
     folder = Path(spec["folder"])
     return RunFolder(folder).is_finished() and (not spec.get("evaluate", True)

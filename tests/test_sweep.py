@@ -142,3 +142,16 @@ def test_the_committed_chapter10_sweep_is_complete_and_rescored_exactly():
                 spec["reward_model_sha256"]
         else:
             assert all(r["optimised_reward"] == r["reward"] for r in rows)
+
+
+def test_earlier_fingerprints_of_a_run_are_moved_aside_and_others_kept(tmp_path, monkeypatch):
+    monkeypatch.setattr(sweep, "REPO_ROOT", tmp_path)
+    root = tmp_path / "runs" / "tiny" / "sweep"
+    for name in ("grpo-000000000000", "grpo-111111111111", "grpo_long-222222222222", "other-333333333333"):
+        (root / name).mkdir(parents=True)
+    specs = [{"name": "grpo", "preset": "tiny", "folder": str(root / "grpo-111111111111")}]
+    moved = sweep.retire_stale(specs)
+    assert [p.name for p in moved] == ["grpo-000000000000"]
+    assert sorted(p.name for p in root.iterdir()) == ["grpo-111111111111", "grpo_long-222222222222",
+                                                      "other-333333333333"]
+    assert (tmp_path / "runs" / "tiny" / "stale" / "sweep" / "grpo-000000000000").is_dir()
