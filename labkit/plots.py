@@ -688,3 +688,110 @@ def plot_kl_gradients(labels: list[str], gradients: dict[str, list[float]]):
     ax.legend(fontsize=7)
     fig.tight_layout()
     return fig
+
+
+# ---------------------------------------------------------------- chapter 10
+
+
+def plot_proxy_vs_true(proxy: list[float], true: list[float], reference: list[float] | None = None,
+                       window: int = 10, reference_label: str = "protocol GRPO: true reward",
+                       labels: tuple[str, str] = ("learned reward: proxy (what the loss saw)",
+                                                  "learned reward: true (verifier) reward")):
+    """The optimised (proxy) reward and the true (verifier) reward of one run per iteration (chapter 10).
+
+    proxy, true: one value per iteration, each the mean over the iteration's rollouts (a run's
+    history.json "optimised_reward" and "reward"); reference: optionally another run's true reward
+    (the protocol's GRPO run), drawn grey.  Every line is the trailing mean of `window` iterations,
+    all on one reward axis, so a gap between proxy and truth reads directly as a gap.  labels: the
+    legend's names of the proxy and the true curve.
+    """
+    if len(proxy) != len(true) or not proxy:
+        raise ValueError(f"proxy ({len(proxy)}) and true ({len(true)}) need one value per iteration each")
+    fig, ax = plt.subplots(figsize=(7.0, 3.4))
+    xs = range(1, len(proxy) + 1)
+    ax.plot(xs, _rolling_mean(list(proxy), window), color="tab:red", linewidth=2.0, label=labels[0])
+    ax.plot(xs, _rolling_mean(list(true), window), color="tab:blue", linewidth=2.0, label=labels[1])
+    if reference is not None:
+        ax.plot(range(1, len(reference) + 1), _rolling_mean(list(reference), window), color="grey", linewidth=1.4,
+                linestyle="--", label=reference_label)
+    ax.set_ylim(0.0, 1.02)
+    ax.set_xlabel("iteration")
+    ax.set_ylabel(f"mean reward (trailing mean of {window})")
+    ax.legend(fontsize=7, loc="lower right")
+    fig.tight_layout()
+    return fig
+
+
+def plot_from_start(curves: dict[str, dict[str, list[float]]], start_levels: dict[str, dict[str, float]],
+                    window: int = 10, keys: tuple[tuple[str, str], ...] = (
+                        ("valid_json", "share of valid lab-format answers"), ("reward", "true (verifier) reward"))):
+    """Per-iteration curves of runs from different starts, each against its start's own level (chapter 10).
+
+    curves: {run name: {key: one value per iteration}} (the sweep's results "curves");
+    start_levels: {run name: {key: the start model's own value}} (e.g. its measured share of valid
+    answers before any update), drawn as a dashed horizontal line of the run's colour; a run or
+    key missing from it gets no line.  One panel per (key, title) of `keys`, trailing means of
+    `window` iterations, y from 0 to 1.
+    """
+    if not curves:
+        raise ValueError("no runs to plot")
+    fig, axes = plt.subplots(1, len(keys), figsize=(4.8 * len(keys), 3.4), squeeze=False)
+    for ax, (key, title) in zip(axes[0], keys):
+        for k, (name, run) in enumerate(curves.items()):
+            values = [float(v) for v in run[key]]
+            ax.plot(range(1, len(values) + 1), _rolling_mean(values, window), color=f"C{k}", linewidth=1.8,
+                    label=f"{name} (trailing mean of {window})")
+            level = start_levels.get(name, {}).get(key)
+            if level is not None:
+                ax.axhline(level, color=f"C{k}", linestyle="--", linewidth=1.0, label=f"{name}: its start, before RL")
+        ax.set_ylim(-0.02, 1.02)
+        ax.set_title(title, fontsize=9, loc="left")
+        ax.set_xlabel("iteration", fontsize=8)
+        ax.set_ylabel("share of the iteration's rollouts", fontsize=8)
+        ax.tick_params(labelsize=8)
+    handles, labels = axes[0][0].get_legend_handles_labels()
+    fig.legend(handles, labels, loc="lower center", ncol=2, fontsize=7, frameon=False)
+    fig.tight_layout(rect=(0, 0.12, 1, 1))
+    return fig
+
+
+def plot_difficulty_profiles(profiles: dict[str, dict], axis: str = "carries",
+                             modes: tuple[str, ...] = ("greedy", "sample")):
+    """Accuracy per difficulty bin, one series per policy, with Wilson 95% whiskers (chapter 10).
+
+    profiles: {policy name: labkit.difficulty.profile(...)}, each with profile[axis]["bins"] and,
+    per mode, {bin: {"n", "correct", "rate", "interval"}} (rate and interval None for an empty
+    bin, which is left out).  One panel per mode; the policies' points are side by side within
+    each bin.
+    """
+    if not profiles:
+        raise ValueError("no profiles to plot")
+    names = list(profiles)
+    bins = profiles[names[0]][axis]["bins"]
+    width = 0.8 / len(names)
+    fig, axes = plt.subplots(1, len(modes), figsize=(5.0 * len(modes), 3.6), sharey=True, squeeze=False)
+    for ax, mode in zip(axes[0], modes):
+        for k, name in enumerate(names):
+            cells = profiles[name][axis][mode]
+            xs, ys, lows, highs = [], [], [], []
+            for i, b in enumerate(bins):
+                cell = cells[b]
+                if cell["n"] == 0:
+                    continue
+                xs.append(i + (k - (len(names) - 1) / 2) * width)
+                ys.append(100 * cell["rate"])
+                lows.append(100 * (cell["rate"] - cell["interval"][0]))
+                highs.append(100 * (cell["interval"][1] - cell["rate"]))
+            ax.errorbar(xs, ys, yerr=[lows, highs], fmt="o", markersize=3.5, capsize=2, linewidth=1,
+                        color=f"C{k}", label=name)
+        what = "greedy pass@1 (problems)" if mode == "greedy" else "per-draw success (draws)"
+        ax.set_title(f"{what}, by {axis}", fontsize=9, loc="left")
+        ax.set_xticks(range(len(bins)), bins)
+        ax.set_xlabel("carries + borrows" if axis == "carries" else "target", fontsize=8)
+        ax.tick_params(labelsize=8)
+        ax.set_ylim(-3, 103)
+    axes[0][0].set_ylabel("success rate (%), whiskers: Wilson 95%", fontsize=8)
+    handles, labels = axes[0][0].get_legend_handles_labels()
+    fig.legend(handles, labels, loc="lower center", ncol=min(5, len(labels)), fontsize=7, frameon=False)
+    fig.tight_layout(rect=(0, 0.13, 1, 1))
+    return fig

@@ -87,10 +87,12 @@ def test_the_base_was_pretrained_on_a_corpus_free_of_dataset_problems():
     assert manifest["corpus"]["problems_checked"] > 0
 
 
-def test_the_committed_cache_stays_under_30_mb():
+def test_the_committed_cache_stays_under_40_mb():
+    """Seven tiny models of 4.2 MB each (base, format base, warm start, SFT, GRPO, G=2, G=8: 29.5 MB)
+    are most of it; the sweeps' models are not committed (their folders keep the evidence)."""
     files = subprocess.run(["git", "ls-files", "runs/tiny"], cwd=REPO_ROOT, capture_output=True, text=True,
                            check=True).stdout.split()
     if not files:
         pytest.skip("not a git checkout with the cache committed")
     size = sum((REPO_ROOT / f).stat().st_size for f in files if (REPO_ROOT / f).is_file())
-    assert size < 30 * 2**20, f"committed cache is {size / 2**20:.1f} MB"
+    assert size < 40 * 2**20, f"committed cache is {size / 2**20:.1f} MB"

@@ -9,7 +9,7 @@ from fractions import Fraction
 import pytest
 import torch
 
-from labkit import cli, data, evaluate, models, verifier
+from labkit import cli, data, evaluate, models, runs, verifier
 from labkit.runs import RunExistsError, is_finished, read_json, read_jsonl, write_jsonl
 
 NEW_TOKENS = 6  # short responses keep the tests fast; nothing here depends on the length
@@ -334,6 +334,7 @@ def test_evaluate_command_all_skips_missing_runs_and_keeps_finished_evaluations(
                                                                                 capsys):
     # A repository with one finished policy run (sft); a trial with --limit goes to evaluation/trials/limit-1.
     monkeypatch.setattr(evaluate, "REPO_ROOT", tmp_path)
+    monkeypatch.setattr(runs, "REPO_ROOT", tmp_path)  # where runs.display_path makes paths relative
     run = tmp_path / "runs" / "tiny" / "sft"
     run.mkdir(parents=True)
     shutil.copy(state_files["sft"], run / "model.safetensors")

@@ -27,7 +27,7 @@ def module_source(name: str) -> str:
 
 def test_the_old_single_module_is_gone_and_every_chapter_has_its_module():
     assert not (ROOT / "labkit" / "exercises.py").exists(), "labkit/exercises.py would shadow nothing but confuse"
-    assert CHAPTERS == [f"ch{n:02d}" for n in range(1, 10)]
+    assert CHAPTERS == [f"ch{n:02d}" for n in range(1, 11)]
     modules = sorted(p.stem for p in PACKAGE.glob("*.py"))
     assert modules == sorted(["__init__", HELPER, *CHAPTERS])
 
@@ -127,7 +127,7 @@ def _names_used_by_notebooks() -> set[str]:
 
 def test_the_package_still_exposes_every_name_the_notebooks_use():
     names = _names_used_by_notebooks()
-    assert {f"check_ch{n:02d}" for n in range(1, 10)} <= {name[:10] for name in names}, names
+    assert {f"check_ch{n:02d}" for n in range(1, 11)} <= {name[:10] for name in names}, names
     missing = sorted(name for name in names if not hasattr(exercises, name))
     assert missing == [], f"labkit.exercises no longer exposes {missing}, which the notebooks use"
 
