@@ -37,7 +37,8 @@ import pytest
 from labkit import grpo, state as state_lib
 from labkit.runs import REPO_ROOT, ArtifactError, is_finished, read_json, sha256_file
 
-pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="SIGKILL and /proc/self/fd: Linux")
+pytestmark = [pytest.mark.skipif(not sys.platform.startswith("linux"), reason="SIGKILL and /proc/self/fd: Linux"),
+              pytest.mark.native_only]
 
 N = 4  # iterations of every run here (~1 s each, plus ~4 s of start-up per process)
 ROWS_PER_ITERATION = 16  # 4 prompts x G=4
