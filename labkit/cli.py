@@ -487,24 +487,24 @@ def _add_exercise_commands(sub) -> None:
 
 def _add_chapter10_commands(sub) -> None:
     """Subcommands: chapter 10's learned verifier and format-seeded base."""
+
+    def common(p, default_dir: str, limit_help: str) -> None:
+        p.add_argument("--run-dir", type=Path, default=None, help=f"run folder (default: {default_dir})")
+        p.add_argument("--limit", type=int, default=None, help=limit_help)
+        p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: 1 for tiny)")
+        p.add_argument("--overwrite", action="store_true", help="replace a finished run (evidence: normally refused)")
+        p.add_argument("--no-progress", action="store_true", help="no progress bar")
+
     p = sub.add_parser("reward-model", help="chapter 10: a learned verifier (logistic regression on the warm start's "
                                             "scores), fitted to the verifier's labels of warm-start and SFT samples")
     p.add_argument("--preset", default="tiny", choices=["tiny", "qwen"], help="model preset (default: %(default)s)")
-    p.add_argument("--run-dir", type=Path, default=None, help="run folder (default: runs/<preset>/reward_model)")
-    p.add_argument("--limit", type=int, default=None, help="use only the first N train problems (default: all 1,000)")
-    p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: 1 for tiny)")
-    p.add_argument("--overwrite", action="store_true", help="replace a finished run (evidence: normally refused)")
-    p.add_argument("--no-progress", action="store_true", help="no progress lines")
+    common(p, "runs/<preset>/reward_model", "use only the first N train problems (default: all 1,000)")
     p.set_defaults(func=cmd_reward_model)
 
     p = sub.add_parser("format-base", help="chapter 10: continue the tiny base's pretraining with 2%% of documents "
                                            "in the lab's format until 5%% of its answers use it; then evaluate it")
     p.add_argument("--preset", default="tiny", help="only 'tiny' (default: %(default)s)")
-    p.add_argument("--run-dir", type=Path, default=None, help="run folder (default: runs/tiny/format_base)")
-    p.add_argument("--limit", type=int, default=None, help="evaluate on the first N test problems per population")
-    p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: 1 for tiny)")
-    p.add_argument("--overwrite", action="store_true", help="replace a finished run (evidence: normally refused)")
-    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    common(p, "runs/tiny/format_base", "evaluate on the first N test problems per population")
     p.set_defaults(func=cmd_format_base)
 
 

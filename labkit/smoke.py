@@ -1076,31 +1076,26 @@ def run_smoke(preset: str = "qwen", *, random_weights: bool = True, device: str 
         print(f"smoke: Qwen2.5-0.5B-Instruct architecture, {layers} layers, random weights, on {device} "
               f"({torch.get_num_threads()} threads), responses up to {max_new_tokens} tokens; into {run_dir}",
               flush=True)
+    # (stage name, what it does, the stage function, its extra arguments), in the protocol's order
+    stages = [
+        ("build", "random weights and the stand-in tokenizer", stage_build, ()),
+        ("load", "model folder written and read back by the qwen loader", stage_load, ()),
+        ("sft_update", "one warm-start update of 8 examples", stage_sft_update, ()),
+        ("warm_start_file", "save_model; policy and reference loaded from it; GRPO's setup", stage_warm_start_file, ()),
+        *[(f"grpo_sample_{sampler}", f"4 prompts x G=4, {sampler} sampler", stage_sample, (sampler,))
+          for sampler in ("reference", "fast")],
+        ("logprob_check", "the fast sampler's recorded log-probs re-scored", stage_logprob_check, ()),
+        ("grpo_updates", "two updates, exact KL in blocks of 4,096, check in update 1", stage_grpo_updates, ()),
+        ("kl_blocks", "blocked KL vs one block vs float64 at the full vocabulary", stage_kl_blocks, ()),
+        ("state_save", "capture and save the full state", stage_state_save, ()),
+        ("state_reload", "load and restore the state, compare bitwise", stage_state_reload, ()),
+        *[(f"eval_{mode}", f"{mode} predictions of {2 * eval_problems} test problems", stage_evaluate, (mode,))
+          for mode in ("greedy", "sample")],
+    ]
     try:
-        with meter.stage("build", "random weights and the stand-in tokenizer") as d:
-            stage_build(s, d)
-        with meter.stage("load", "model folder written and read back by the qwen loader") as d:
-            stage_load(s, d)
-        with meter.stage("sft_update", "one warm-start update of 8 examples") as d:
-            stage_sft_update(s, d)
-        with meter.stage("warm_start_file", "save_model; policy and reference loaded from it; GRPO's setup") as d:
-            stage_warm_start_file(s, d)
-        for sampler in ("reference", "fast"):
-            with meter.stage(f"grpo_sample_{sampler}", f"4 prompts x G=4, {sampler} sampler") as d:
-                stage_sample(s, d, sampler)
-        with meter.stage("logprob_check", "the fast sampler's recorded log-probs re-scored") as d:
-            stage_logprob_check(s, d)
-        with meter.stage("grpo_updates", "two updates, exact KL in blocks of 4,096, check in update 1") as d:
-            stage_grpo_updates(s, d)
-        with meter.stage("kl_blocks", "blocked KL vs one block vs float64 at the full vocabulary") as d:
-            stage_kl_blocks(s, d)
-        with meter.stage("state_save", "capture and save the full state") as d:
-            stage_state_save(s, d)
-        with meter.stage("state_reload", "load and restore the state, compare bitwise") as d:
-            stage_state_reload(s, d)
-        for mode in ("greedy", "sample"):
-            with meter.stage(f"eval_{mode}", f"{mode} predictions of {2 * eval_problems} test problems") as d:
-                stage_evaluate(s, d, mode)
+        for name, what, run_stage, extra in stages:
+            with meter.stage(name, what) as d:
+                run_stage(s, d, *extra)
     finally:
         write()
         shutil.rmtree(s.work, ignore_errors=True)  # gigabytes of intermediate files: sizes are recorded
