@@ -227,6 +227,73 @@ def _latest(state_dir: Path, prefix: str) -> Path | None:
     return found[-1] if found else None
 
 
+def corpus_probes(tokenizer, cfg: PretrainConfig, forbidden: frozenset) -> tuple[list[dict], tuple]:
+    """(held-out batches, answer probe) of the corpus phase: neither is ever trained on.
+
+    The held-out rows come from a second stream of the corpus (seed heldout_seed), the
+    probe's direct answers from a third (seed heldout_seed + 1).
+    """
+    held = pack_rows(TokenStream(tokenizer, cfg.heldout_seed, forbidden, cfg.row_tokens), cfg.row_tokens)
+    held_rows = [next(held) for _ in range(cfg.heldout_rows)]
+    held_batches = [batch_tensors(held_rows[i : i + cfg.rows_per_step], cfg.row_tokens, tokenizer.pad_token_id)
+                    for i in range(0, cfg.heldout_rows, cfg.rows_per_step)]
+    probe_source = corpus_mod.CorpusGenerator(cfg.heldout_seed + 1, forbidden)
+    probe = answer_probe(tokenizer, [probe_source.direct() for _ in range(cfg.probe_documents)])
+    return held_batches, probe
+
+
+def corpus_update(model, optimizer, batch: dict, lr: float, grad_clip: float) -> tuple[float, float]:
+    """Stage 3: one AdamW update of next-token cross-entropy on `batch`; returns (loss, grad norm before clipping)."""
+    for group in optimizer.param_groups:
+        group["lr"] = lr
+    loss = model(**batch).loss
+    optimizer.zero_grad(set_to_none=True)
+    loss.backward()
+    grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip)
+    optimizer.step()
+    return float(loss.detach()), float(grad_norm)
+
+
+def _restore_corpus_state(path: Path, cfg: PretrainConfig, model, optimizer) -> dict:
+    """Load a corpus-phase state into `model` and `optimizer`; returns the state (step, log, elapsed_s, ...)."""
+    state, _ = load_state(path)
+    if state.get("kind") != CORPUS_STATE_KIND or state.get("config") != asdict(cfg):
+        raise ValueError(f"{path} is not a state of this corpus phase (kind or config differs)")
+    model.load_state_dict(state["model"], strict=True)
+    optimizer.load_state_dict(state["optimizer"])
+    return state
+
+
+def corpus_record(stream: TokenStream, cfg: PretrainConfig, log: list[dict], wall_time_s: float,
+                  initial_digest: str, model) -> dict:
+    """What a finished corpus phase did: its corpus, loss curve and parameter digests (the manifest's entries)."""
+    losses = [r for r in log if "loss" in r]
+    return {
+        "corpus": {
+            "name": corpus_mod.CORPUS_NAME,
+            "seed": cfg.corpus_seed,
+            "documents": stream.digest.documents,
+            "digest_sha256": stream.digest.hexdigest(),
+            "kinds": dict(sorted(stream.kinds.items())),
+            "tokens": stream.tokens,
+            "problems_checked": stream.problems_checked,
+            "dataset_problems_found": 0,  # check_disjoint raised otherwise
+        },
+        "steps": cfg.steps,
+        "wall_time_s": round(wall_time_s, 1),
+        "loss": {
+            "first_logged": losses[0]["loss"],
+            "final_logged": losses[-1]["loss"],
+            "min_logged": min(r["loss"] for r in losses),
+            "heldout_columns": ["step", "heldout_loss", "answer_accuracy"],
+            "heldout": [[r["step"], round(r["heldout_loss"], 4), r["answer_accuracy"]] for r in log if "heldout_loss" in r],
+        },
+        "initial_parameter_digest": initial_digest,
+        "parameter_digest": parameter_digest(model),
+        "log": log,
+    }
+
+
 def run_corpus_phase(model, tokenizer, cfg: PretrainConfig, state_dir: Path, *, forbidden: frozenset,
                      resume_from: Path | None = None, progress: bool = True, stop_after: int | None = None,
                      state_every_s: float = 180.0) -> dict | None:
@@ -239,15 +306,9 @@ def run_corpus_phase(model, tokenizer, cfg: PretrainConfig, state_dir: Path, *, 
     """
     from tqdm import tqdm
 
-    pad_id = tokenizer.pad_token_id
     stream = TokenStream(tokenizer, cfg.corpus_seed, forbidden, cfg.row_tokens)
     rows = pack_rows(stream, cfg.row_tokens)
-    held = pack_rows(TokenStream(tokenizer, cfg.heldout_seed, forbidden, cfg.row_tokens), cfg.row_tokens)
-    held_rows = [next(held) for _ in range(cfg.heldout_rows)]
-    held_batches = [batch_tensors(held_rows[i : i + cfg.rows_per_step], cfg.row_tokens, pad_id)
-                    for i in range(0, cfg.heldout_rows, cfg.rows_per_step)]
-    probe_source = corpus_mod.CorpusGenerator(cfg.heldout_seed + 1, forbidden)
-    probe = answer_probe(tokenizer, [probe_source.direct() for _ in range(cfg.probe_documents)])
+    held_batches, probe = corpus_probes(tokenizer, cfg, forbidden)
 
     def measure() -> dict:
         return {"heldout_loss": heldout_loss(model, held_batches), "answer_accuracy": answer_accuracy(model, *probe)}
@@ -257,11 +318,7 @@ def run_corpus_phase(model, tokenizer, cfg: PretrainConfig, state_dir: Path, *, 
     initial_digest = parameter_digest(model)
     start_step, spent = 0, 0.0
     if resume_from is not None:
-        state, _ = load_state(resume_from)
-        if state.get("kind") != CORPUS_STATE_KIND or state.get("config") != asdict(cfg):
-            raise ValueError(f"{resume_from} is not a state of this corpus phase (kind or config differs)")
-        model.load_state_dict(state["model"], strict=True)
-        optimizer.load_state_dict(state["optimizer"])
+        state = _restore_corpus_state(resume_from, cfg, model, optimizer)
         start_step, log, spent, initial_digest = state["step"], state["log"], state["elapsed_s"], state["initial_digest"]
         for _ in range(start_step * cfg.rows_per_step):  # replay the stream: same rows, same counters
             next(rows)
@@ -275,21 +332,15 @@ def run_corpus_phase(model, tokenizer, cfg: PretrainConfig, state_dir: Path, *, 
                initial=start_step, total=cfg.steps, mininterval=5)
     for step in bar:
         # Stage 3: one update on the next rows_per_step packed rows.
-        batch = batch_tensors([next(rows) for _ in range(cfg.rows_per_step)], cfg.row_tokens, pad_id)
-        for group in optimizer.param_groups:
-            group["lr"] = lr_at(step, cfg)
-        loss = model(**batch).loss
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
-        optimizer.step()
-        window.append(float(loss.detach()))
+        batch = batch_tensors([next(rows) for _ in range(cfg.rows_per_step)], cfg.row_tokens, tokenizer.pad_token_id)
+        loss, grad_norm = corpus_update(model, optimizer, batch, lr_at(step, cfg), cfg.grad_clip)
+        window.append(loss)
 
         # Stage 4: the record.
         done = step + 1
         if done % cfg.log_every == 0 or done == cfg.steps:
             row = {"step": done, "lr": lr_at(step, cfg), "loss": sum(window) / len(window),
-                   "grad_norm": float(grad_norm), "tokens": stream.tokens, "elapsed_s": round(time.time() - started, 1)}
+                   "grad_norm": grad_norm, "tokens": stream.tokens, "elapsed_s": round(time.time() - started, 1)}
             if done % cfg.heldout_every == 0 or done == cfg.steps:
                 row.update(measure())
             log.append(row)
@@ -304,30 +355,62 @@ def run_corpus_phase(model, tokenizer, cfg: PretrainConfig, state_dir: Path, *, 
                 last_save = time.time()
     if last < cfg.steps:
         return None
-    losses = [r for r in log if "loss" in r]
+    return corpus_record(stream, cfg, log, time.time() - started, initial_digest, model)
+
+
+def _corpus_config(cfg: PretrainConfig) -> dict:
+    """The corpus phase's part of `cfg` (all but the answer phase's), as recorded in CORPUS_END_RECORD."""
+    return {k: v for k, v in asdict(cfg).items() if k != "answer"}
+
+
+def _load_finished_corpus_phase(model, cfg: PretrainConfig, state_dir: Path) -> dict:
+    """On resume after phase 1: its recorded model into `model`, checked against its digest; returns its record."""
+    record = read_json(state_dir / CORPUS_END_RECORD)
+    if record["config"] != _corpus_config(cfg):
+        raise ValueError(f"{state_dir / CORPUS_END_RECORD} was made with another corpus-phase config")
+    if sha256_file(state_dir / CORPUS_END_MODEL) != record["model_sha256"]:
+        raise ValueError(f"{state_dir / CORPUS_END_MODEL} does not match the digest recorded in "
+                         f"{CORPUS_END_RECORD}: the file changed since the corpus phase wrote it")
+    load_state_into(model, state_dir / CORPUS_END_MODEL)
+    return record
+
+
+def base_manifest(cfg: PretrainConfig, answer_cfg: AnswerPhaseConfig, corpus_record: dict, answer: dict,
+                  model, model_path: Path) -> dict:
+    """manifest.json of the finished base: both phases' records, the digests and the versions."""
+    evals = [r for r in answer["log"] if r["kind"] == "eval"]
     return {
-        "corpus": {
-            "name": corpus_mod.CORPUS_NAME,
-            "seed": cfg.corpus_seed,
-            "documents": stream.digest.documents,
-            "digest_sha256": stream.digest.hexdigest(),
-            "kinds": dict(sorted(stream.kinds.items())),
-            "tokens": stream.tokens,
-            "problems_checked": stream.problems_checked,
+        "preset": "tiny",
+        "command": "python -m labkit pretrain --preset tiny",
+        "config": asdict(cfg),
+        "architecture": {k: v for k, v in TINY_ARCH.items()},
+        "corpus_phase": {k: v for k, v in corpus_record.items() if k not in ("config", "log")},
+        "answer_phase": {
+            "steps": answer_cfg.steps,
+            "documents": answer["documents"],
+            "problems_checked": answer["problems_checked"],
             "dataset_problems_found": 0,  # check_disjoint raised otherwise
+            "wall_time_s": answer["wall_time_s"],
+            "probe": {"documents": answer_cfg.probe_documents, "seed": answer_cfg.probe_seed,
+                      "what": "fresh statements (none of the 1,400), the corpus's answer styles; "
+                              "exact = greedy answer digits all right, teacher-forced on the statement"},
+            "curve_columns": ["step", "minutes", "exact", "digits"],
+            "curve": [[r["step"], r["minutes"], r["exact"], r["digits"]] for r in evals],
+            "final_exact": evals[-1]["exact"],
         },
-        "steps": cfg.steps,
-        "wall_time_s": round(time.time() - started, 1),
-        "loss": {
-            "first_logged": losses[0]["loss"],
-            "final_logged": losses[-1]["loss"],
-            "min_logged": min(r["loss"] for r in losses),
-            "heldout_columns": ["step", "heldout_loss", "answer_accuracy"],
-            "heldout": [[r["step"], round(r["heldout_loss"], 4), r["answer_accuracy"]] for r in log if "heldout_loss" in r],
-        },
-        "initial_parameter_digest": initial_digest,
+        # kept under the old keys too: chapter 2 and the tests read them
+        "corpus": corpus_record["corpus"],
+        "steps": corpus_record["steps"] + answer_cfg.steps,
+        "wall_time_s": round(corpus_record["wall_time_s"] + answer["wall_time_s"], 1),
+        "loss": corpus_record["loss"],
+        "initial_parameter_digest": corpus_record["initial_parameter_digest"],
+        "corpus_phase_parameter_digest": corpus_record["parameter_digest"],
         "parameter_digest": parameter_digest(model),
-        "log": log,
+        "model_sha256": sha256_file(model_path),
+        "versions": {"python": platform.python_version(), "torch": torch.__version__,
+                     "transformers": __import__("transformers").__version__},
+        "device": "cpu",
+        "threads": cfg.threads,
     }
 
 
@@ -362,13 +445,7 @@ def pretrain(cfg: PretrainConfig = PretrainConfig(), out_dir: str | Path = TINY_
 
         # Phase 1: the corpus (skipped on resume once it has finished: its model is in states/).
         if resume and (state_dir / CORPUS_END_RECORD).is_file():
-            corpus_record = read_json(state_dir / CORPUS_END_RECORD)
-            if corpus_record["config"] != {k: v for k, v in asdict(cfg).items() if k != "answer"}:
-                raise ValueError(f"{state_dir / CORPUS_END_RECORD} was made with another corpus-phase config")
-            if sha256_file(state_dir / CORPUS_END_MODEL) != corpus_record["model_sha256"]:
-                raise ValueError(f"{state_dir / CORPUS_END_MODEL} does not match the digest recorded in "
-                                 f"{CORPUS_END_RECORD}: the file changed since the corpus phase wrote it")
-            load_state_into(model, state_dir / CORPUS_END_MODEL)
+            corpus_record = _load_finished_corpus_phase(model, cfg, state_dir)
         else:
             corpus_record = run_corpus_phase(
                 model, tokenizer, cfg, state_dir, forbidden=forbidden, progress=progress,
@@ -377,8 +454,7 @@ def pretrain(cfg: PretrainConfig = PretrainConfig(), out_dir: str | Path = TINY_
             if corpus_record is None:
                 return None
             save_model(model, state_dir / CORPUS_END_MODEL)
-            corpus_record.update(config={k: v for k, v in asdict(cfg).items() if k != "answer"},
-                                 model_sha256=sha256_file(state_dir / CORPUS_END_MODEL))
+            corpus_record.update(config=_corpus_config(cfg), model_sha256=sha256_file(state_dir / CORPUS_END_MODEL))
             write_json(state_dir / CORPUS_END_RECORD, corpus_record)
 
         # Phase 2: dense answer-only practice (labkit.answer_phase).
@@ -391,44 +467,12 @@ def pretrain(cfg: PretrainConfig = PretrainConfig(), out_dir: str | Path = TINY_
         if answer["steps_done"] < answer_cfg.steps:
             return None
 
+        # The record: the model and its logs first, the manifest, then the FINISHED marker.
         save_model(model, out_dir / "model.safetensors")
         atomic_write_text(out_dir / "config.json", model.config.to_json_string())
         atomic_write_text(out_dir / "corpus_log.jsonl", jsonl_bytes(corpus_record["log"]).decode())
         atomic_write_text(out_dir / "log.jsonl", jsonl_bytes(answer["log"]).decode())
-        evals = [r for r in answer["log"] if r["kind"] == "eval"]
-        manifest = {
-            "preset": "tiny",
-            "command": "python -m labkit pretrain --preset tiny",
-            "config": asdict(cfg),
-            "architecture": {k: v for k, v in TINY_ARCH.items()},
-            "corpus_phase": {k: v for k, v in corpus_record.items() if k not in ("config", "log")},
-            "answer_phase": {
-                "steps": answer_cfg.steps,
-                "documents": answer["documents"],
-                "problems_checked": answer["problems_checked"],
-                "dataset_problems_found": 0,  # check_disjoint raised otherwise
-                "wall_time_s": answer["wall_time_s"],
-                "probe": {"documents": answer_cfg.probe_documents, "seed": answer_cfg.probe_seed,
-                          "what": "fresh statements (none of the 1,400), the corpus's answer styles; "
-                                  "exact = greedy answer digits all right, teacher-forced on the statement"},
-                "curve_columns": ["step", "minutes", "exact", "digits"],
-                "curve": [[r["step"], r["minutes"], r["exact"], r["digits"]] for r in evals],
-                "final_exact": evals[-1]["exact"],
-            },
-            # kept under the old keys too: chapter 2 and the tests read them
-            "corpus": corpus_record["corpus"],
-            "steps": corpus_record["steps"] + answer_cfg.steps,
-            "wall_time_s": round(corpus_record["wall_time_s"] + answer["wall_time_s"], 1),
-            "loss": corpus_record["loss"],
-            "initial_parameter_digest": corpus_record["initial_parameter_digest"],
-            "corpus_phase_parameter_digest": corpus_record["parameter_digest"],
-            "parameter_digest": parameter_digest(model),
-            "model_sha256": sha256_file(out_dir / "model.safetensors"),
-            "versions": {"python": platform.python_version(), "torch": torch.__version__,
-                         "transformers": __import__("transformers").__version__},
-            "device": "cpu",
-            "threads": cfg.threads,
-        }
+        manifest = base_manifest(cfg, answer_cfg, corpus_record, answer, model, out_dir / "model.safetensors")
         write_json(out_dir / "manifest.json", manifest)
         mark_finished(out_dir, {"parameter_digest": manifest["parameter_digest"], "wall_time_s": manifest["wall_time_s"]})
         return manifest

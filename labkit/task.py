@@ -23,7 +23,6 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass
 
-DATASET_NAME = "StockArithmetic-v1"
 DEFAULT_SEED = 20261129
 
 SPLIT_SIZES = {"train": 1000, "validation": 200, "test": 200}
