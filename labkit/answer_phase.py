@@ -158,6 +158,23 @@ def probe_documents(cfg: AnswerPhaseConfig, forbidden: frozenset) -> list[corpus
     return [source.direct() for _ in range(cfg.probe_documents)]
 
 
+def clipped_update(model, optimizer, batch: dict, lr: float, grad_clip: float) -> tuple[float, float]:
+    """One AdamW update of the model's own loss on `batch` (labels -100 are not trained on), at `lr`,
+    with the gradient's norm clipped to `grad_clip`; returns (loss, gradient norm before clipping).
+
+    The one update of every language-model phase: the corpus phase (labkit.pretrain), this
+    answer phase and the format base's continued pretraining (labkit.format_base).
+    """
+    for group in optimizer.param_groups:
+        group["lr"] = lr
+    loss = model(**batch).loss
+    optimizer.zero_grad(set_to_none=True)
+    loss.backward()
+    grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip)
+    optimizer.step()
+    return float(loss.detach()), float(grad_norm)
+
+
 def run_answer_phase(model, tokenizer, cfg: AnswerPhaseConfig, state_dir: Path, *, forbidden: frozenset,
                      minutes_before: float, resume_from: Path | None = None, progress: bool = True,
                      stop_after: int | None = None) -> dict:
@@ -210,15 +227,8 @@ def run_answer_phase(model, tokenizer, cfg: AnswerPhaseConfig, state_dir: Path, 
         documents = [next_document(stream, cfg) for _ in range(cfg.documents_per_step)]
         # none of the 1,400 problems, whatever the generator does
         problems_checked += corpus_mod.check_disjoint(documents, forbidden)
-        batch = answer_batch(tokenizer, documents)
-        for group in optimizer.param_groups:
-            group["lr"] = lr_at(step, cfg)
-        loss = model(**batch).loss
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
-        optimizer.step()
-        window.append(float(loss.detach()))
+        loss, _ = clipped_update(model, optimizer, answer_batch(tokenizer, documents), lr_at(step, cfg), cfg.grad_clip)
+        window.append(loss)
         done = step + 1
         if done % cfg.log_every == 0 or done == cfg.steps:
             log.append({"kind": "train", "step": done, "lr": lr_at(step, cfg), "loss": sum(window) / len(window)})

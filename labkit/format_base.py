@@ -130,12 +130,9 @@ def train(model, tokenizer, cfg: FormatBaseConfig, problems: list[dict], progres
         documents = [next_document(stream, cfg) for _ in range(cfg.documents_per_step)]
         checked += corpus_mod.check_disjoint(documents, forbidden)  # none of the 1,400 problems
         lab_documents += sum(d.kind == "lab_format" for d in documents)
-        loss = model(**answer_phase.answer_batch(tokenizer, documents)).loss
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
-        optimizer.step()
-        window.append(float(loss.detach()))
+        batch = answer_phase.answer_batch(tokenizer, documents)
+        loss, _ = answer_phase.clipped_update(model, optimizer, batch, cfg.lr, cfg.grad_clip)  # constant lr
+        window.append(loss)
         done = step + 1
         if done % cfg.log_every == 0:
             log.append({"kind": "train", "step": done, "loss": sum(window) / len(window),

@@ -39,7 +39,7 @@ from typing import Iterable, Iterator
 import torch
 
 from . import corpus as corpus_mod
-from .answer_phase import AnswerPhaseConfig, run_answer_phase
+from .answer_phase import AnswerPhaseConfig, clipped_update, run_answer_phase
 from .models import TINY_ARCH, TINY_BASE_DIR, load_state_into, new_tiny_model, parameter_digest, save_model
 from .runs import (FINISHED_MARKER, atomic_write_text, ensure_not_finished, jsonl_bytes, mark_finished, read_json,
                    sha256_file, write_json)
@@ -242,18 +242,6 @@ def corpus_probes(tokenizer, cfg: PretrainConfig, forbidden: frozenset) -> tuple
     return held_batches, probe
 
 
-def corpus_update(model, optimizer, batch: dict, lr: float, grad_clip: float) -> tuple[float, float]:
-    """Stage 3: one AdamW update of next-token cross-entropy on `batch`; returns (loss, grad norm before clipping)."""
-    for group in optimizer.param_groups:
-        group["lr"] = lr
-    loss = model(**batch).loss
-    optimizer.zero_grad(set_to_none=True)
-    loss.backward()
-    grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip)
-    optimizer.step()
-    return float(loss.detach()), float(grad_norm)
-
-
 def _restore_corpus_state(path: Path, cfg: PretrainConfig, model, optimizer) -> dict:
     """Load a corpus-phase state into `model` and `optimizer`; returns the state (step, log, elapsed_s, ...)."""
     state, _ = load_state(path)
@@ -333,7 +321,7 @@ def run_corpus_phase(model, tokenizer, cfg: PretrainConfig, state_dir: Path, *, 
     for step in bar:
         # Stage 3: one update on the next rows_per_step packed rows.
         batch = batch_tensors([next(rows) for _ in range(cfg.rows_per_step)], cfg.row_tokens, tokenizer.pad_token_id)
-        loss, grad_norm = corpus_update(model, optimizer, batch, lr_at(step, cfg), cfg.grad_clip)
+        loss, grad_norm = clipped_update(model, optimizer, batch, lr_at(step, cfg), cfg.grad_clip)
         window.append(loss)
 
         # Stage 4: the record.
