@@ -95,8 +95,8 @@ def measure_seed(problem_id: str, draw: int) -> int:
 @torch.no_grad()
 def format_share(model, tokenizer, problems: list[dict], draws: int) -> dict:
     """{"valid", "correct", "responses"}: shares of the `draws` temperature-1 answers to each
-    problem that are valid lab-format JSON, and that are correct (labkit.verifier).  The model is
-    in eval mode (no dropout), as everywhere it samples."""
+    problem that are valid lab-format JSON, and that are correct (labkit.verifier).  `model` is
+    expected in eval mode (no dropout), as everywhere the lab samples; `train` puts it there."""
     items = [(p["id"], scoring.build_prompt_ids(tokenizer, p["statement"]), p["problem"]) for p in problems]
     seeds = [measure_seed(p["id"], d) for p in problems for d in range(draws)]
     groups = sampling.sample_groups(model, tokenizer, items, draws, seeds, sampler="fast")
@@ -119,12 +119,12 @@ def train(model, tokenizer, cfg: FormatBaseConfig, problems: list[dict], progres
                                   weight_decay=cfg.weight_decay)
     forbidden = corpus_mod.dataset_keys()
     stream = corpus_mod.CorpusGenerator(cfg.seed, forbidden)
-    log, window, lab_documents, checked = [], [], 0, 0
-    log.append({"kind": "measure", "step": 0, **format_share(model, tokenizer, problems, cfg.measure_draws)})
     # Eval mode while training, as the lab's SFT and GRPO: the tiny architecture's attention dropout
     # (0.1, for chapter 2's "dropout left on" bug) lifts this base's loss on these documents from 0.12
     # to 2.5 and, trained through, took its held-out exact answers from 42% to 28% in 60 updates.
     model.eval()
+    log, window, lab_documents, checked = [], [], 0, 0
+    log.append({"kind": "measure", "step": 0, **format_share(model, tokenizer, problems, cfg.measure_draws)})
     bar = tqdm(range(cfg.max_steps), desc="format base", disable=not progress, mininterval=5)
     for step in bar:
         documents = [next_document(stream, cfg) for _ in range(cfg.documents_per_step)]

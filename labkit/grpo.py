@@ -38,7 +38,7 @@ import torch
 
 from . import data, losses, models, sampling, scoring, state as state_lib, task
 from .config import PresetConfig, get_preset
-from .runs import REPO_ROOT, ArtifactError, RunFolder, is_finished, read_json, run_path, sha256_file, write_json
+from .runs import REPO_ROOT, ArtifactError, RunFolder, is_finished, read_json, run_path, write_json
 from .schedule import warmup_linear_decay
 from .variants import Variant
 
@@ -374,7 +374,7 @@ def start_loop(config: PresetConfig, G: int, total_iterations: int, start_file: 
         from . import reward_model
 
         learned = reward_model.load_verifier(config.name, device=device)
-        identity["reward_model_sha256"] = sha256_file(reward_model.model_file(config.name))
+        identity["reward_model_sha256"] = learned.file_sha256
     updates = variant.updates_per_iteration or config.updates_per_iteration
     return Loop(config=config, G=G, model=model, reference=reference, tokenizer=tokenizer, optimizer=optimizer,
                 pool=pool, prompts={r["id"]: scoring.build_prompt_ids(tokenizer, r["statement"], config.max_prompt_tokens)

@@ -27,6 +27,7 @@ import shutil
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 from . import cache
 from .runs import REPO_ROOT, is_finished, read_json, write_json
@@ -81,6 +82,34 @@ CACHE_STEP = {"base": "base", "warm_start": "warm_start", "sft": "sft", "grpo": 
               "format_base": "format_base"}
 
 
+def move_stale_aside(preset: str, only: tuple[str, ...] | None = None) -> list[tuple[str, Path]]:
+    """Move every stale cached step (and each step built from one) to runs/<preset>/stale/<time>/,
+    so that the run rebuilds it; returns [(step, where it went)].
+
+    only: the steps the run will rebuild; a stale step outside them is left in place (and said),
+    since nothing would rebuild it."""
+    root = cache.runs_dir(preset)
+    verdicts = cache.check(preset)
+    stamp = time.strftime('%Y%m%d-%H%M%S')
+    moved = []
+    for name in cache.to_rebuild(verdicts):
+        step = cache.get_step(name)
+        why = ", ".join(verdicts[name]["changed"][:4]) or "built from a stale step"
+        if only and name not in only:
+            print(f"{name} is stale ({why}); left in place: not in --only", flush=True)
+            continue
+        for rel in (step.folder, *step.outputs):
+            path = root / rel
+            if not path.exists():
+                continue
+            aside = root / "stale" / stamp / rel
+            aside.parent.mkdir(parents=True, exist_ok=True)
+            print(f"{name} is stale ({why}); moving {rel} to {aside}", flush=True)
+            shutil.move(str(path), aside)
+            moved.append((name, aside))
+    return moved
+
+
 def run_all(preset: str, *, device: str | None = None, threads: int | None = None, rebuild_stale: bool = False,
             only: tuple[str, ...] | None = None) -> dict:
     """Run every step not yet done; returns {step: seconds or "skipped"}."""
@@ -88,19 +117,7 @@ def run_all(preset: str, *, device: str | None = None, threads: int | None = Non
     times_path = root / "protocol_times.json"
     times = read_json(times_path) if times_path.exists() else {}
     if rebuild_stale and preset == "tiny":
-        verdicts = cache.check(preset)
-        stamp = time.strftime('%Y%m%d-%H%M%S')
-        for name in cache.to_rebuild(verdicts):
-            step = cache.get_step(name)
-            why = ", ".join(verdicts[name]["changed"][:4]) or "built from a stale step"
-            for rel in (step.folder, *step.outputs):
-                path = root / rel
-                if not path.exists():
-                    continue
-                aside = root / "stale" / stamp / rel
-                aside.parent.mkdir(parents=True, exist_ok=True)
-                print(f"{name} is stale ({why}); moving {rel} to {aside}", flush=True)
-                shutil.move(str(path), aside)
+        move_stale_aside(preset, only)
     report = {}
     for step, args in _commands(preset, device, threads):
         if only and step not in only:

@@ -46,7 +46,7 @@ from pathlib import Path
 import torch
 
 from . import data, models, sampling, scoring
-from .runs import REPO_ROOT, RunFolder, read_json, read_jsonl, sha256_file, write_json, write_jsonl
+from .runs import REPO_ROOT, RunFolder, read_jsonl, sha256_file, write_json, write_jsonl
 from .runtime import code_digests, data_digests, deterministic, environment, seed_everything
 
 POLICIES = ("warm_start", "sft")  # whose responses the reward model learns to judge
@@ -181,6 +181,7 @@ class LearnedVerifier:
                  threshold: float):
         self.judge, self.pad_id, self.eos_id = judge, pad_id, eos_id
         self.theta, self.mu, self.sigma, self.threshold = theta, mu, sigma, threshold
+        self.file_sha256: str | None = None  # the classifier file's digest, set by load_verifier
 
     def probabilities(self, prompts: list[list[int]], responses: list[list[int]]) -> torch.Tensor:
         """(N,) float64 p(correct)."""
@@ -208,18 +209,28 @@ def save_verifier(verifier: LearnedVerifier, path: Path) -> str:
     return hashlib.sha256(data_bytes).hexdigest()
 
 
+def finished_folder(preset: str, run_dir: str | Path | None = None) -> RunFolder:
+    """The learned verifier's run folder, refused with the command that builds it unless finished."""
+    folder = RunFolder(run_dir or default_run_dir(preset))
+    if not folder.is_finished():
+        raise FileNotFoundError(f"no finished reward model at {folder}; build it with "
+                                f"`python -m labkit reward-model --preset {preset}`")
+    return folder
+
+
 def load_verifier(preset: str, run_dir: str | Path | None = None, device: str | None = None) -> LearnedVerifier:
     """The finished learned verifier: its classifier file and its judge, each checked against the
     digest its run recorded, the judge frozen in eval mode."""
     from safetensors.torch import load_file
 
-    from .runs import check_recorded_digest
+    from .runs import ArtifactError, check_recorded_digest, recorded_sha256
 
-    folder = RunFolder(run_dir or default_run_dir(preset))
-    if not folder.is_finished():
-        raise FileNotFoundError(f"no finished reward model at {folder}; build it with "
-                                f"`python -m labkit reward-model --preset {preset}`")
+    folder = finished_folder(preset, run_dir)
     manifest = folder.manifest()
+    recorded = recorded_sha256(folder / MODEL_FILE)
+    if recorded is None:
+        raise ArtifactError(f"{folder / MODEL_FILE}: its run records no digest for it; rebuild it with "
+                            f"`python -m labkit reward-model --preset {preset} --overwrite`")
     check_recorded_digest(folder / MODEL_FILE)
     judge_path = REPO_ROOT / manifest["judge"]["file"]
     if sha256_file(judge_path) != manifest["judge"]["sha256"]:
@@ -229,9 +240,11 @@ def load_verifier(preset: str, run_dir: str | Path | None = None, device: str | 
     judge, tokenizer = models.load(preset, state=judge_path, device=device)
     judge.requires_grad_(False)
     t = load_file(str(folder / MODEL_FILE))
-    return LearnedVerifier(judge.eval(), tokenizer.pad_token_id, tokenizer.eos_token_id,
-                           torch.cat([t["bias"], t["weight"]]), t["feature_mean"], t["feature_std"],
-                           manifest["config"]["threshold"])
+    verifier = LearnedVerifier(judge.eval(), tokenizer.pad_token_id, tokenizer.eos_token_id,
+                               torch.cat([t["bias"], t["weight"]]), t["feature_mean"], t["feature_std"],
+                               manifest["config"]["threshold"])
+    verifier.file_sha256 = recorded[0]  # what check_recorded_digest just matched
+    return verifier
 
 
 # --- 4. The run: sample, label, split, fit, measure, save -----------------------------------------
@@ -266,11 +279,7 @@ def default_run_dir(preset: str) -> Path:
 
 def model_file(preset: str) -> Path:
     """The finished learned verifier's classifier file (what a learned-reward run's identity names)."""
-    folder = RunFolder(default_run_dir(preset))
-    if not folder.is_finished():
-        raise FileNotFoundError(f"no finished reward model at {folder}; build it with "
-                                f"`python -m labkit reward-model --preset {preset}`")
-    return folder / MODEL_FILE
+    return finished_folder(preset) / MODEL_FILE
 
 
 def run_reward_model(preset: str = "tiny", run_dir: str | Path | None = None, *, cfg: RewardModelConfig | None = None,
@@ -349,4 +358,5 @@ def read_samples(run_dir: str | Path | None = None, preset: str = "tiny") -> lis
 
 
 def read_manifest(run_dir: str | Path | None = None, preset: str = "tiny") -> dict:
-    return read_json(RunFolder(run_dir or default_run_dir(preset)).manifest_path)
+    """The learned verifier run's manifest (its config, held-out metrics and file digests)."""
+    return RunFolder(run_dir or default_run_dir(preset)).manifest()

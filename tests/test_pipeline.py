@@ -1,0 +1,34 @@
+"""`python -m labkit all --rebuild-stale`: what it moves aside before rebuilding (no step is run here)."""
+
+from __future__ import annotations
+
+from labkit import cache, pipeline
+
+
+def fake_cache(monkeypatch, tmp_path, stale: set[str]):
+    for step in cache.STEPS:
+        (tmp_path / step.folder).mkdir(parents=True, exist_ok=True)
+    verdicts = {s.name: {"status": "stale" if s.name in stale else "fresh", "changed": ["labkit/x.py"] if s.name in stale else []}
+                for s in cache.STEPS}
+    monkeypatch.setattr(cache, "runs_dir", lambda preset: tmp_path)
+    monkeypatch.setattr(cache, "check", lambda preset: verdicts)
+
+
+def test_a_stale_step_and_everything_built_from_it_are_moved_aside(monkeypatch, tmp_path, capsys):
+    fake_cache(monkeypatch, tmp_path, {"sft"})
+    moved = pipeline.move_stale_aside("tiny")
+    assert [name for name, _ in moved] == ["sft", "evaluation", "group_size", "reward_model"]
+    assert not (tmp_path / "sft").exists() and (tmp_path / "warm_start").is_dir() and (tmp_path / "base").is_dir()
+    assert all(aside.parent.parent == tmp_path / "stale" for _, aside in moved) and all(a.is_dir() for _, a in moved)
+    assert "sft is stale (labkit/x.py); moving sft to" in capsys.readouterr().out
+
+
+def test_only_leaves_a_stale_step_it_will_not_rebuild_in_place(monkeypatch, tmp_path, capsys):
+    """A stale base moved aside by a run that only rebuilds later steps would leave them nothing to start from."""
+    fake_cache(monkeypatch, tmp_path, {"base", "grpo"})
+    moved = pipeline.move_stale_aside("tiny", only=("grpo", "evaluation"))
+    assert [name for name, _ in moved] == ["grpo", "evaluation"]
+    assert (tmp_path / "base").is_dir() and (tmp_path / "warm_start").is_dir() and not (tmp_path / "grpo").exists()
+    out = capsys.readouterr().out
+    assert "base is stale (labkit/x.py); left in place: not in --only" in out
+    assert "warm_start is stale (built from a stale step); left in place" in out
