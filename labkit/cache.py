@@ -30,13 +30,6 @@ LEARNING_CODE = ("labkit/config.py", "labkit/data.py", "labkit/scoring.py", "lab
                  "labkit/models.py", "labkit/runs.py", "labkit/runtime.py", "labkit/resume.py", "labkit/task.py",
                  "labkit/tokenizer.py", "labkit/sampling.py", "labkit/verifier.py")
 ROLLOUT_CODE = ("labkit/losses.py", "labkit/grpo.py", "labkit/variants.py", "labkit/reward_model.py")
-# The base was pretrained (104 minutes on one thread) before the lab recorded these of its imports;
-# their later changes were checked not to change what pretraining computes (see BASE_UNRECORDED_WHY).
-BASE_UNRECORDED = ("labkit/config.py", "labkit/models.py", "labkit/runs.py", "labkit/state.py", "labkit/tokenizer.py")
-BASE_UNRECORDED_WHY = (
-    "config.py and models.py give new_tiny_model the same architecture dict as when the base was made; "
-    "runs.py and state.py changed how files are checked, listed and shown, not what is computed; tokenizer.py "
-    "loads the recorded tokenizer asset.  Recording them would make the base stale and force a re-pretraining.")
 
 
 @dataclass(frozen=True)
@@ -58,7 +51,8 @@ class Step:
 
 STEPS = (
     Step("base", "base", ("labkit/task.py", "labkit/corpus.py", "labkit/pretrain.py", "labkit/answer_phase.py",
-                          "labkit/assets/tiny/tokenizer.json")),
+                          "labkit/config.py", "labkit/models.py", "labkit/runs.py", "labkit/state.py",
+                          "labkit/tokenizer.py", "labkit/assets/tiny/tokenizer.json")),
     Step("warm_start", "warm_start", (*LEARNING_CODE, "labkit/sft.py", "labkit/agreement.py", "labkit/evaluate.py",
                                       "labkit/metrics.py", *DATA_FILES),
          ("base/model.safetensors",),

@@ -9,7 +9,7 @@ import pytest
 
 from labkit import grpo, metrics, models, sft
 from labkit.config import TINY
-from labkit.runs import REPO_ROOT, read_json, read_jsonl
+from labkit.runs import REPO_ROOT, read_json
 
 
 @pytest.fixture(scope="module")

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from labkit import data, models, reward_model, scoring, verifier
-from labkit.runs import REPO_ROOT, RunExistsError, read_json, write_json
+from labkit.runs import REPO_ROOT, RunExistsError, read_json, sha256_file, write_json
 
 COMMITTED = REPO_ROOT / "runs" / "tiny" / "reward_model"
 
@@ -81,6 +81,7 @@ def test_a_small_run_writes_checked_files_and_reloads_to_the_same_scores(tmp_pat
         "samples.jsonl.gz", "model.safetensors", "history.json"}
     rows = reward_model.read_samples(run)
     v = reward_model.load_verifier("tiny", run)
+    assert v.file_sha256 == sha256_file(run / "model.safetensors") == manifest["ledger"]["files"]["model.safetensors"]["sha256"]
     statements = {s["id"]: s["statement"] for s in data.open_records("statements", "train", "learning")}
     _, tokenizer = models.load("tiny")
     proxy, p = v.rewards([scoring.build_prompt_ids(tokenizer, statements[r["problem_id"]]) for r in rows],
