@@ -29,7 +29,8 @@ DATA_FILES = tuple(
 LEARNING_CODE = ("labkit/config.py", "labkit/data.py", "labkit/scoring.py", "labkit/schedule.py", "labkit/state.py",
                  "labkit/models.py", "labkit/runs.py", "labkit/runtime.py", "labkit/resume.py", "labkit/task.py",
                  "labkit/tokenizer.py", "labkit/sampling.py", "labkit/verifier.py")
-ROLLOUT_CODE = ("labkit/losses.py", "labkit/grpo.py", "labkit/variants.py", "labkit/reward_model.py")
+ROLLOUT_CODE = ("labkit/losses.py", "labkit/grpo.py", "labkit/variants.py", "labkit/reward_model.py",
+                "labkit/evaluate.py", "labkit/metrics.py")  # reward_model finds its policies with evaluate
 # The base's imports that it does not record, because nearly every change to the lab edits one of them and
 # recording them would make each such change re-pretrain the base (100 minutes on one thread).  What they
 # give pretraining is checked instead (see BASE_UNRECORDED_WHY and tests/test_cache_steps.py).
@@ -71,10 +72,11 @@ STEPS = (
          ("warm_start/model.safetensors", "sft/model.safetensors", "grpo/model.safetensors"),
          done_file="results.json",  # one FINISHED per policy; results.json is written when all are
          then=("group_size",)),  # the exercise adds its two branches' evaluations here
-    Step("group_size", "group_size", (*LEARNING_CODE, *ROLLOUT_CODE, "labkit/group_size.py", "labkit/evaluate.py",
-                                      "labkit/metrics.py", *DATA_FILES), ("warm_start/model.safetensors",),
+    Step("group_size", "group_size", (*LEARNING_CODE, *ROLLOUT_CODE, "labkit/group_size.py", *DATA_FILES),
+         ("warm_start/model.safetensors",),
          outputs=("grpo_g2", "grpo_g8")),
-    Step("reward_model", "reward_model", (*LEARNING_CODE, "labkit/reward_model.py"),
+    Step("reward_model", "reward_model", (*LEARNING_CODE, "labkit/reward_model.py", "labkit/evaluate.py",
+                                          "labkit/metrics.py"),
          ("warm_start/model.safetensors", "sft/model.safetensors")),
     Step("format_base", "format_base", (*LEARNING_CODE, "labkit/format_base.py", "labkit/answer_phase.py",
                                         "labkit/corpus.py", "labkit/evaluate.py", "labkit/metrics.py",

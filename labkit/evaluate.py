@@ -55,7 +55,6 @@ evidence and is never overwritten unless `overwrite=True`.
 
 from __future__ import annotations
 
-import hashlib
 import math
 import sys
 import time
@@ -75,7 +74,6 @@ MODES = ("greedy", "sample")
 POPULATIONS = ("ALL", "ID50", "OOD100")
 INFERENCE_PHASE = "inference"
 SCORING_PHASE = "scoring"
-SEED_BITS = 62
 WILSON_Z = 1.959963984540054  # the 97.5% quantile of the standard normal: a two-sided 95% interval
 DEFAULT_SAMPLER = "fast"
 DEFAULT_BATCH_SIZE = QWEN.eval_batch_size  # fast sampler rows per batch: 2 greedy batches, 8 sampled ones
@@ -104,14 +102,13 @@ NOTES = (
 def eval_seed(problem_id: str, draw: int) -> int:
     """The seed of sample `draw` of `problem_id`, the same for every policy (62 bits).
 
-    First 8 bytes of SHA-256(f"eval/{problem_id}/{draw}"), big-endian, shifted
-    right by 64 - 62 = 2 bits.  A pure function of its two arguments: no
+    `runtime.hashed_seed(f"eval/{problem_id}/{draw}")`: the first 8 bytes of that SHA-256,
+    big-endian, shifted right by 64 - 62 = 2 bits.  A pure function of its two arguments: no
     generator state, no order of evaluation, nothing a policy could change.
     """
     if isinstance(draw, bool) or not isinstance(draw, int) or draw < 0:
         raise ValueError(f"draw must be a non-negative integer, got {draw!r}")
-    digest = hashlib.sha256(f"eval/{problem_id}/{draw}".encode("utf-8")).digest()
-    return int.from_bytes(digest[:8], "big") >> (64 - SEED_BITS)
+    return runtime.hashed_seed(f"eval/{problem_id}/{draw}")
 
 
 def select_problems(rows: list[dict], limit: int | None = None) -> list[dict]:

@@ -25,7 +25,6 @@ Files: `model.safetensors` (digest recorded), `log.json` (loss and measurements)
 
 from __future__ import annotations
 
-import hashlib
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -35,7 +34,7 @@ import torch
 from . import answer_phase, data, models, sampling, scoring, task
 from . import corpus as corpus_mod
 from .runs import REPO_ROOT, RunFolder, read_json, write_json
-from .runtime import code_digests, deterministic, environment, seed_everything
+from .runtime import code_digests, deterministic, environment, hashed_seed, seed_everything
 
 MODEL_FILE = "model.safetensors"
 POLICY_NAME = "format_base"
@@ -89,7 +88,7 @@ def next_document(source: corpus_mod.CorpusGenerator, cfg: FormatBaseConfig) -> 
 
 def measure_seed(problem_id: str, draw: int) -> int:
     """Each measured answer's own seed: SHA-256("format-base/<id>/<draw>"), 62 bits."""
-    return int.from_bytes(hashlib.sha256(f"format-base/{problem_id}/{draw}".encode()).digest()[:8], "big") >> 2
+    return hashed_seed(f"format-base/{problem_id}/{draw}")
 
 
 @torch.no_grad()

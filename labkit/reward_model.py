@@ -45,9 +45,9 @@ from pathlib import Path
 
 import torch
 
-from . import data, models, sampling, scoring
+from . import data, evaluate, models, sampling, scoring
 from .runs import REPO_ROOT, RunFolder, read_jsonl, sha256_file, write_json, write_jsonl
-from .runtime import code_digests, data_digests, deterministic, environment, seed_everything
+from .runtime import code_digests, data_digests, deterministic, environment, hashed_seed, seed_everything
 
 POLICIES = ("warm_start", "sft")  # whose responses the reward model learns to judge
 JUDGE = "warm_start"  # the frozen model whose scores are the classifier's input
@@ -83,16 +83,7 @@ def is_held_out(problem_id: str, share: float) -> bool:
 
 def sample_seed(policy: str, problem_id: str, draw: int) -> int:
     """The response's own seed: SHA-256("reward-model/<policy>/<id>/<draw>"), 62 bits."""
-    return int.from_bytes(hashlib.sha256(f"reward-model/{policy}/{problem_id}/{draw}".encode()).digest()[:8],
-                          "big") >> 2
-
-
-def policy_file(preset: str, policy: str) -> Path:
-    folder = RunFolder(REPO_ROOT / "runs" / preset / policy)
-    if not folder.is_finished():
-        raise FileNotFoundError(f"{folder} has no finished run; the reward model needs the {policy} policy "
-                                f"(build it first: `make cache` or `python -m labkit all --preset {preset}`)")
-    return folder / MODEL_FILE
+    return hashed_seed(f"reward-model/{policy}/{problem_id}/{draw}")
 
 
 # --- 1. Features: the frozen judge's scores of a response ----------------------------------------
@@ -254,7 +245,7 @@ def sample_responses(preset: str, cfg: RewardModelConfig, problems: list[dict], 
     """One row per response: each policy answers each problem `draws_per_problem` times, verified."""
     rows = []
     for policy in POLICIES:
-        model, tokenizer = models.load(preset, state=policy_file(preset, policy))
+        model, tokenizer = models.load(preset, state=evaluate.policy_state_file(preset, policy))
         items = [(p["id"], scoring.build_prompt_ids(tokenizer, p["statement"]), p["problem"]) for p in problems]
         seeds = [sample_seed(policy, p["id"], d) for p in problems for d in range(cfg.draws_per_problem)]
         t0 = time.perf_counter()
@@ -295,7 +286,7 @@ def run_reward_model(preset: str = "tiny", run_dir: str | Path | None = None, *,
     statements = data.open_records("statements", "train", "learning")
     labels = {r["id"]: r for r in data.open_records("labels", "train", "learning")}
     problems = [{**s, **labels[s["id"]]} for s in statements][:limit]
-    judge_path = policy_file(preset, JUDGE)
+    judge_path = evaluate.policy_state_file(preset, JUDGE)
     with deterministic("cpu", warn_only=True):
         rows = sample_responses(preset, cfg, problems, progress)
         judge, tokenizer = models.load(preset, state=judge_path)
@@ -333,7 +324,7 @@ def run_reward_model(preset: str = "tiny", run_dir: str | Path | None = None, *,
         "features": list(FEATURES),
         "weights": {"bias": float(theta[0]), **{name: float(w) for name, w in zip(FEATURES, theta[1:].tolist())}},
         "judge": {"policy": JUDGE, "file": str(judge_path.relative_to(REPO_ROOT)), "sha256": sha256_file(judge_path)},
-        "sources": {policy: str(policy_file(preset, policy).relative_to(REPO_ROOT)) for policy in POLICIES},
+        "sources": {policy: str(evaluate.policy_state_file(preset, policy).relative_to(REPO_ROOT)) for policy in POLICIES},
         "responses": {"total": len(rows), "train": int((~side).sum()), "held_out": int(side.sum()),
                       "held_out_problems": len({r["problem_id"] for r in rows if r["held_out"]})},
         "metrics": final,

@@ -3,6 +3,7 @@
 Used by SFT, GRPO, evaluation and the smoke run alike, so a reader finds each rule once:
 
     seed_everything(seed)        Python, NumPy and Torch global RNGs
+    hashed_seed(key)             a 62-bit seed that is a pure function of a string (per-sample seeds)
     deterministic(device, ...)   torch.use_deterministic_algorithms inside a `with`, restored after
     code_digests()               SHA-256 of every labkit source file (recorded in manifests)
     data_digests(names)          SHA-256 of the named data files
@@ -12,6 +13,7 @@ Used by SFT, GRPO, evaluation and the smoke run alike, so a reader finds each ru
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import os
 import platform
 import random
@@ -21,10 +23,20 @@ import torch
 
 from .runs import REPO_ROOT, sha256_file
 
+SEED_BITS = 62
 DATA_DIR = REPO_ROOT / "data" / "stock_arithmetic_v1"
 # The data files a training run reads (the test split is never read by learning).
 LEARNING_DATA_FILES = ("train.statements.jsonl", "train.labels.jsonl",
                        "validation.statements.jsonl", "validation.labels.jsonl")
+
+
+def hashed_seed(key: str) -> int:
+    """The first 8 bytes of SHA-256(key), big-endian, shifted right by 64 - SEED_BITS = 2 bits.
+
+    A pure function of the string: no generator state, no order of work, nothing a policy could
+    change.  Evaluation ("eval/<id>/<draw>"), the learned verifier's data and the format base's
+    measurements each name their samples under their own prefix."""
+    return int.from_bytes(hashlib.sha256(key.encode("utf-8")).digest()[:8], "big") >> (64 - SEED_BITS)
 
 
 def seed_everything(seed: int) -> None:
