@@ -29,7 +29,8 @@ DATA_FILES = tuple(
 LEARNING_CODE = ("labkit/config.py", "labkit/data.py", "labkit/scoring.py", "labkit/schedule.py", "labkit/state.py",
                  "labkit/models.py", "labkit/runs.py", "labkit/runtime.py", "labkit/resume.py", "labkit/task.py",
                  "labkit/tokenizer.py", "labkit/sampling.py", "labkit/verifier.py")
-ROLLOUT_CODE = ("labkit/losses.py", "labkit/grpo.py", "labkit/variants.py", "labkit/reward_model.py",
+ROLLOUT_CODE = ("labkit/losses.py", "labkit/grpo.py", "labkit/checkpoint_curves.py", "labkit/shared_prompt.py",
+                "labkit/variants.py", "labkit/reward_model.py",
                 "labkit/evaluate.py", "labkit/metrics.py")  # reward_model finds its policies with evaluate
 # The base's imports that it does not record, because nearly every change to the lab edits one of them and
 # recording them would make each such change re-pretrain the base (100 minutes on one thread).  What they
@@ -82,6 +83,9 @@ STEPS = (
                                         "labkit/corpus.py", "labkit/evaluate.py", "labkit/metrics.py",
                                         "labkit/assets/tiny/tokenizer.json", *DATA_FILES),
          ("base/model.safetensors",)),
+    # chapters 6-7's larger run: trained, evaluated, and 64 draws of it and of the warm start for pass@k
+    Step("grpo_large", "grpo_large", (*LEARNING_CODE, *ROLLOUT_CODE, "labkit/larger_run.py", *DATA_FILES),
+         ("warm_start/model.safetensors",), done_file="pass_at_k/grpo_large/FINISHED"),
 )
 STEP_NAMES = tuple(s.name for s in STEPS)
 

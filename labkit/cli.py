@@ -141,6 +141,7 @@ def cmd_grpo(args: argparse.Namespace) -> int:
         args.preset, args.run_dir, group_size=args.group_size, iterations=args.iterations,
         stop_after=args.stop_after, save_states_at=stop_at, resume_from=args.resume_from, sampler=args.sampler,
         device=args.device, overwrite=args.overwrite, progress=not args.no_progress,
+        shared_prompts=args.scoring == "shared",
     )
     first, last = out["iterations_run"]
     print(f"GRPO: iterations {first + 1}..{last} in {out['seconds']:.1f} s"
@@ -316,6 +317,25 @@ def cmd_format_base(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_grpo_large(args: argparse.Namespace) -> int:
+    """The larger GRPO run (labkit.larger_run): train, evaluate, and the 64-draw evaluations for pass@k."""
+    import torch
+
+    from . import larger_run
+
+    torch.set_num_threads(args.threads or 1)  # results are recorded with the thread count
+    config = larger_run.larger_config(args.preset)
+    if not larger_run.RunFolder(larger_run.run_dir(args.preset)).is_finished() or args.overwrite:
+        out = larger_run.train(args.preset, device=args.device, progress=not args.no_progress,
+                               overwrite=args.overwrite)
+        print(f"larger GRPO run: {out['rollouts']} rollouts, {out['updates']} updates "
+              f"({config.prompts_per_iteration} prompts x G={config.group_size}, lr {config.grpo_lr:g}) "
+              f"in {out['seconds']:.1f} s")
+    evaluated = larger_run.evaluate_all(args.preset, device=args.device)
+    print(f"evaluated: {', '.join(evaluated) or 'nothing (all finished)'}")
+    return 0
+
+
 def cmd_sampler_agreement(args: argparse.Namespace) -> int:
     """Reference vs fast sampler on the warm start: greedy and seeded agreement, explained, timed."""
     import torch
@@ -341,7 +361,7 @@ def _add_sft_arguments(p: argparse.ArgumentParser) -> None:
 
 COMMAND_ORDER = ("data", "pretrain", "warm-start", "sft", "sft-resume-check", "grpo", "grpo-resume-check",
                  "sampler-agreement", "evaluate", "results-json", "group-size",  # the protocol, in order
-                 "sweep", "reward-model", "format-base", "all", "smoke", "cache", "tune", "bench", "student")  # the tools
+                 "grpo-large", "sweep", "reward-model", "format-base", "all", "smoke", "cache", "tune", "bench", "student")  # the tools
 
 
 def _add_data_and_tool_commands(sub) -> None:
@@ -389,6 +409,9 @@ def _add_training_commands(sub) -> None:
     p.add_argument("--resume-from", default=None, help="a state file of the same run to continue from")
     p.add_argument("--sampler", default="reference", choices=["reference", "fast"],
                    help="reference: the protocol's, no KV cache; fast: batched KV cache (default: %(default)s)")
+    p.add_argument("--scoring", default="plain", choices=["plain", "shared"],
+                   help="plain: one forward per full row (the protocol's); shared: each prompt computed once for "
+                        "its G responses, equal within float32 rounding (default: %(default)s)")
     p.set_defaults(func=cmd_grpo)
 
     p = sub.add_parser("grpo-resume-check", help="GRPO: stop, resume in a fresh process, compare with the continuous run")
@@ -500,6 +523,15 @@ def _add_chapter10_commands(sub) -> None:
     p.add_argument("--preset", default="tiny", choices=["tiny", "qwen"], help="model preset (default: %(default)s)")
     common(p, "runs/<preset>/reward_model", "use only the first N train problems (default: all 1,000)")
     p.set_defaults(func=cmd_reward_model)
+
+    p = sub.add_parser("grpo-large", help="chapters 6-7: the larger GRPO run (32 prompts x G=8, its own rate, "
+                                          "outside the protocol's counts), its evaluation and 64 draws for pass@k")
+    p.add_argument("--preset", default="tiny", help="only 'tiny' (default: %(default)s)")
+    p.add_argument("--device", default=None, help="cpu or cuda (default: cpu for tiny)")
+    p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: 1)")
+    p.add_argument("--overwrite", action="store_true", help="replace a finished run (evidence: normally refused)")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.set_defaults(func=cmd_grpo_large)
 
     p = sub.add_parser("format-base", help="chapter 10: continue the tiny base's pretraining with 2%% of documents "
                                            "in the lab's format until 5%% of its answers use it; then evaluate it")

@@ -109,6 +109,14 @@ class PresetConfig:
     """seeded samples per test problem (per-draw success; best-of-4 reported apart)"""
     eval_batch_size: int = 100
     """fast-sampler rows per batch in evaluation and the sampler comparison (changes no token)"""
+    # -- fixed-prompt checkpoint curves (labkit.checkpoint_curves) ------------------
+    checkpoint_every: int = 10
+    """a GRPO run measures its policy on the fixed validation prompts every this many iterations
+    (and at its start and end); 0: never.  The curves never choose a checkpoint"""
+    checkpoint_problems: int = 64
+    """validation problems in the fixed set (a seeded choice; the validation split only)"""
+    checkpoint_draws: int = 4
+    """seeded samples per fixed problem, the same seeds at every checkpoint"""
     # -- seeds -----------------------------------------------------------------------
     seed: int = 1234
     """the run seed; each generator (data order, prompts, sampling) is seeded apart from it"""

@@ -376,20 +376,18 @@ def wilson_interval(successes: int, n: int, z: float = WILSON_Z) -> list[float]:
         half   = z / (1 + z^2 / n) * sqrt(p (1 - p) / n + z^2 / 4n^2)
 
     Unlike p +- z sqrt(p(1-p)/n), it stays inside [0, 1] and is not empty at 0 or n
-    successes, which matters here: 0/200 and 3/200 are real outcomes.  Clamped
-    to [0, 1] against rounding (at 0 or n successes the bound is 0 or 1 exactly).
+    successes, which matters here: 0/200 and 3/200 are real outcomes.  Computed by scipy
+    (scipy.stats.binomtest(...).proportion_ci(method="wilson")) at the confidence level z stands
+    for, 2 Phi(z) - 1; tests/test_paired.py checks it against the formula above.
     """
+    from scipy import stats
+
     if isinstance(n, bool) or not isinstance(n, int) or n < 1:
         raise ValueError(f"an interval needs n >= 1 trials, got n={n!r}")
     if isinstance(successes, bool) or not isinstance(successes, int) or not 0 <= successes <= n:
         raise ValueError(f"successes must be an integer in 0..n={n}, got {successes!r}")
-    p = successes / n
-    denominator = 1 + z * z / n
-    centre = (p + z * z / (2 * n)) / denominator
-    half = z / denominator * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n))
-    low = 0.0 if successes == 0 else max(0.0, centre - half)
-    high = 1.0 if successes == n else min(1.0, centre + half)
-    return [low, high]
+    ci = stats.binomtest(successes, n).proportion_ci(float(2 * stats.norm.cdf(z) - 1), method="wilson")
+    return [float(ci.low), float(ci.high)]
 
 
 def pass_at_k(n: int, c: int, k: int) -> float:

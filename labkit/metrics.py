@@ -59,11 +59,27 @@ GRPO_TIMINGS = {
     "logprob_check": "seconds comparing the recorded log-probs (its forward is the first update's)",
     "optimisation": "seconds of the reference forward and the updates, the check excluded",
     "iteration_total": "seconds of the whole iteration",
+    "checkpoint": "seconds of the fixed-prompt checkpoint measured after the iteration (0.0: none was due)",
+}
+
+# One fixed-prompt checkpoint of a GRPO run (checkpoints.jsonl; labkit.checkpoint_curves).
+GRPO_CHECKPOINT = {
+    "iteration": "iterations done when the policy was measured (0: the start, before any update)",
+    "greedy_success": "share of the fixed validation problems whose greedy answer has reward 1",
+    "sampled_success": "share of the fixed draws (the same seeds at every checkpoint) with reward 1",
+    "sampled_valid_json": "share of the fixed draws that are schema-valid answers",
+    "entropy": "mean token entropy of the policy on its fixed draws, token -> response -> prompt means",
+    "kl": "exact per-prefix KL(policy || reference) on the fixed draws, the same reduction",
+    "problems": "fixed validation problems measured (config checkpoint_problems)",
+    "draws": "seeded draws per problem (config checkpoint_draws)",
+    "greedy_correct": "per problem, in the fixed order: 1 if its greedy answer has reward 1, else 0",
+    "draws_correct": "per problem, in the fixed order: how many of its draws have reward 1",
 }
 
 # One rollout (rollouts.jsonl.gz, one row per response).
 ROLLOUT_ROW = {
-    "rollout_id": "unique id: g<G>-it<iteration-1>-<problem_id>-<j>",
+    "rollout_id": "unique id: g<G>-it<iteration-1>-<problem_id>-<j> (-r<k> after the problem id for its k-th "
+                  "repeat within one iteration)",
     "iteration": "1-based iteration that sampled and optimised it",
     "problem_id": "the pool problem answered",
     "seed": "the response's own sampling seed",
@@ -137,6 +153,7 @@ EVALUATION = {
 }
 
 ALL = {"grpo_iteration": GRPO_ITERATION, "grpo_update": GRPO_UPDATE, "grpo_timings": GRPO_TIMINGS,
+       "grpo_checkpoint": GRPO_CHECKPOINT,
        "rollout_row": ROLLOUT_ROW, "sft_update": SFT_UPDATE, "sft_validation": SFT_VALIDATION,
        "greedy_validation": GREEDY_VALIDATION, "evaluation": EVALUATION}
 

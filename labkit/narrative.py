@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from . import paired
 from .evaluate import read_predictions, wilson_interval
 
 
@@ -33,28 +34,33 @@ def intervals_verdict(low_a: float, high_a: float, low_b: float, high_b: float) 
 
 
 def change_verdict(before: tuple[int, int], after: tuple[int, int]) -> str:
-    """'rose', 'fell' or 'unchanged' for a 0/1 rate counted twice, (successes, n) each.
+    """'rose', 'fell' or 'unchanged' for a 0/1 rate counted twice, (successes, n) each, on different samples.
 
-    'rose' or 'fell' only when the two Wilson 95% intervals do not overlap (the chapters' rule: one
-    rate beats another only if its whole interval lies above the other's); otherwise 'unchanged'.
+    The verdict is a test, not an overlap of intervals (two rates whose 95% intervals overlap can
+    still differ at p = 0.02; see labkit.paired): 'rose' or 'fell' when the two-sided Fisher exact
+    test of the two counts (paired.two_proportion_test; the samples are not paired) gives
+    p < paired.ALPHA = 0.05, in the direction of the change; otherwise 'unchanged'.
     """
-    lo0, hi0 = wilson_interval(*before)
-    lo1, hi1 = wilson_interval(*after)
-    return {"above": "rose", "below": "fell", "overlaps": "unchanged"}[intervals_verdict(lo1, hi1, lo0, hi0)]
+    (k0, n0), (k1, n1) = before, after
+    if paired.two_proportion_test(k0, n0, k1, n1) >= paired.ALPHA:
+        return "unchanged"
+    return "rose" if k1 * n0 > k0 * n1 else "fell"
 
 
 def count_change(before: tuple[int, int], after: tuple[int, int], what: str) -> str:
-    """A sentence on a 0/1 rate measured twice, e.g. (3, 160) then (5, 160), with Wilson 95% intervals."""
+    """A sentence on a 0/1 rate measured twice, e.g. (3, 160) then (5, 160): the counts, their Wilson 95%
+    intervals (description) and the verdict of change_verdict with its Fisher exact p-value."""
     (k0, n0), (k1, n1) = before, after
     lo0, hi0 = wilson_interval(k0, n0)
     lo1, hi1 = wilson_interval(k1, n1)
     first = f"{k0}/{n0} = {k0 / n0:.1%} [{lo0:.1%}, {hi0:.1%}]"
     second = f"{k1}/{n1} = {k1 / n1:.1%} [{lo1:.1%}, {hi1:.1%}]"
+    p = paired.format_p(paired.two_proportion_test(k0, n0, k1, n1), "Fisher exact p")
     verdict = change_verdict(before, after)
     if verdict != "unchanged":
-        return f"{what} {verdict} from {first} to {second}: the intervals do not overlap"
-    moved = "the same rate" if k0 * n1 == k1 * n0 else "different rates, but the intervals overlap"
-    return f"{what} did not change measurably: {first}, then {second} ({moved})"
+        return f"{what} {verdict} from {first} to {second} ({p})"
+    moved = "the same rate" if k0 * n1 == k1 * n0 else "different rates"
+    return f"{what} did not change measurably: {first}, then {second} ({moved}, {p})"
 
 
 def signal_fraction(p: float, group_size: int) -> float:
@@ -154,3 +160,57 @@ def rerun_sentence(report: dict, logprob_tol: float) -> str:
         rid, fields = report["first_difference"]
         verdict = f"The re-run does NOT reproduce the cached rollouts: first at {rid}, fields {fields}"
     return "\n".join(["  " + line for line in lines] + [verdict + "."])
+
+
+# --- Paired comparisons, named as the chapters name the policies ------------------------------------
+#
+# paired.compare_policies names the two policies in its sentences by their evaluation folders'
+# names, and every sweep run's folder is <run>/evaluation/grpo/: a chapter comparing two sweep runs
+# (or one with the protocol's grpo) needs its own names in the words.
+
+
+def paired_sentences(comparison: dict, names: tuple[str, str]) -> dict:
+    """A copy of a paired comparison ({"greedy", "sample"}, paired.compare_policies) whose two verdict
+    sentences name the policies `names` = (A, B) instead; every number is unchanged.
+
+    The sentences are paired.compare_greedy's and paired.compare_sampled's, word for word, as they
+    would read had the rows been compared under these names."""
+    a, b = names
+    g, s = dict(comparison["greedy"]), dict(comparison["sample"])
+    side = lambda gap: f"{b} ahead" if gap > 0 else f"{b} behind"  # noqa: E731  paired's direction words
+    g["verdict"] = (f"{b} gained {g['gained']} problems and lost {g['lost']} against {a}: "
+                    + paired.verdict(g["p"], what="exact McNemar p", direction=side(g["gained"] - g["lost"])))
+    low, high = s["interval"]
+    s["verdict"] = (f"{b} did better than {a} on {s['up']} problems and worse on {s['down']} ({s['ties']} ties; "
+                    f"sign test {paired.format_p(s['p_sign'])}), mean rate difference {s['mean_difference']:+.1%} "
+                    f"[{low:+.1%}, {high:+.1%}]: "
+                    + paired.verdict(s["p_permutation"], what="paired permutation p", direction=side(s["mean_difference"])))
+    return {**comparison, "greedy": g, "sample": s}
+
+
+def compare_named(a_dir: str | Path, b_dir: str | Path, labels: list[dict], subset: str | None = None,
+                  names: tuple[str, str] | None = None) -> dict:
+    """paired.compare_policies(a_dir, b_dir, labels, subset) (B = b_dir against A = a_dir), its sentences
+    naming `names` (A, B) when given (paired_sentences), the folders' names otherwise."""
+    comparison = paired.compare_policies(a_dir, b_dir, labels, subset)
+    return comparison if names is None else paired_sentences(comparison, names)
+
+
+def paired_call(comparison: dict, mode: str) -> str:
+    """How B stands to A in one mode of a paired comparison: 'ahead' or 'behind' when the mode's test
+    rejects at p < paired.ALPHA (greedy: the exact McNemar p; sample: the paired permutation p), in the
+    direction of the difference (gained - lost, or the mean rate difference); else 'not separable'."""
+    c = comparison[mode]
+    p, gap = (c["p"], c["gained"] - c["lost"]) if mode == "greedy" else (c["p_permutation"], c["mean_difference"])
+    if p >= paired.ALPHA or gap == 0:
+        return "not separable"
+    return "ahead" if gap > 0 else "behind"
+
+
+def unpaired_call(a: tuple[int, int], b: tuple[int, int]) -> str:
+    """'higher', 'lower' or 'not separable': rate a = (successes, n) against rate b measured on DIFFERENT
+    samples, by the two-sided Fisher exact test (paired.two_proportion_test) at p < paired.ALPHA."""
+    (ka, na), (kb, nb) = a, b
+    if paired.two_proportion_test(ka, na, kb, nb) >= paired.ALPHA:
+        return "not separable"
+    return "higher" if ka * nb > kb * na else "lower"

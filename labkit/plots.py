@@ -795,3 +795,87 @@ def plot_difficulty_profiles(profiles: dict[str, dict], axis: str = "carries",
     fig.legend(handles, labels, loc="lower center", ncol=min(5, len(labels)), fontsize=7, frameon=False)
     fig.tight_layout(rect=(0, 0.13, 1, 1))
     return fig
+
+
+# ---------------------------------------------------------------- chapters 6-7: what GRPO changed
+
+
+CHECKPOINT_CURVES = (("sampled_success", "per-draw success\n(fixed draws)"), ("greedy_success", "greedy success"),
+                     ("entropy", "mean token entropy"), ("kl", "exact KL to the\nreference, per token"))
+
+
+def plot_checkpoint_curves(curves: dict[str, list[dict]], keys=CHECKPOINT_CURVES, x: str = "iteration",
+                           title: str | None = None):
+    """Fixed-prompt checkpoint curves of several runs, one panel per measure (chapter 6).
+
+    curves: {run label: the run's checkpoint records (labkit.checkpoint_curves)}, each record with
+    "iteration" and the keys.  Every run starts from its own iteration-0 record: its start is drawn
+    as a dotted horizontal line in its colour, so a run's movement is read against where it began.
+    x: "iteration", or "rollouts" (iteration x the run's rollouts per iteration, given in each
+    record as "rollouts_per_iteration") to put runs of different batch sizes on one axis.
+    """
+    fig, axes = plt.subplots(1, len(keys), figsize=(3.1 * len(keys), 3.0), squeeze=False)
+    styles = ["o-", "s-", "^-", "D-", "v-"]
+    for i, (label, records) in enumerate(curves.items()):
+        xs = [r["iteration"] * (r.get("rollouts_per_iteration", 1) if x == "rollouts" else 1) for r in records]
+        for ax, (key, name) in zip(axes[0], keys):
+            line, = ax.plot(xs, [r[key] for r in records], styles[i % len(styles)], markersize=3.5, label=label)
+            ax.axhline(records[0][key], color=line.get_color(), linestyle=":", linewidth=0.8)
+            ax.set_title(name, fontsize=9)
+            ax.set_xlabel("rollouts sampled" if x == "rollouts" else "iteration", fontsize=8)
+    for ax, (key, _) in zip(axes[0], keys):
+        if key.endswith("success"):
+            ax.set_ylim(0, 1)
+        ax.tick_params(labelsize=8)
+    axes[0][0].legend(fontsize=7, loc="lower left")
+    if title:
+        fig.suptitle(title, fontsize=10)
+    fig.tight_layout()
+    return fig
+
+
+def plot_problem_transitions(tables: dict[str, list[list[int]]], a_name: str, b_name: str):
+    """Per-problem transitions from policy A to policy B (chapter 7): one heatmap per table.
+
+    tables: {panel title: paired.transition_counts table}, e.g. greedy (2 x 2) and per draw
+    (5 x 5); entry [i][j] = problems with i successes under A and j under B.  Cells above the
+    diagonal are problems B does better on, below it worse; every cell is labelled with its count.
+    """
+    fig, axes = plt.subplots(1, len(tables), figsize=(3.4 * len(tables), 3.3), squeeze=False)
+    for ax, (name, table) in zip(axes[0], tables.items()):
+        n = len(table)
+        ax.imshow(table, cmap="Blues", origin="lower")
+        for i in range(n):
+            for j in range(n):
+                colour = "tab:green" if j > i else "tab:red" if j < i else "black"
+                ax.text(j, i, str(table[i][j]), ha="center", va="center", fontsize=9, color=colour,
+                        fontweight="bold" if i != j and table[i][j] else "normal")
+        ax.set_xticks(range(n))
+        ax.set_yticks(range(n))
+        ax.set_xlabel(f"{b_name}: successes", fontsize=8)
+        ax.set_ylabel(f"{a_name}: successes", fontsize=8)
+        ax.set_title(name, fontsize=9)
+    fig.tight_layout()
+    return fig
+
+
+def plot_pass_at_k_curves(curves: dict[str, tuple[list[int], list[float]]], greedy: dict[str, float] | None = None,
+                          title: str = ""):
+    """pass@k against k (log axis) for several policies (chapter 7): curves {label: (ks, values)},
+    with each policy's greedy pass@1 as a marker at k = 1 when given."""
+    fig, ax = plt.subplots(figsize=(5.8, 3.4))
+    for label, (ks, values) in curves.items():
+        line, = ax.plot(ks, [100 * v for v in values], "o-", markersize=3.5, label=f"{label} pass@k")
+        if greedy and label in greedy:
+            ax.scatter([1], [100 * greedy[label]], marker="*", s=90, color=line.get_color(), zorder=3,
+                       label=f"{label} greedy")
+    ax.set_xscale("log", base=2)
+    ks = sorted({k for ks, _ in curves.values() for k in ks})
+    ax.set_xticks(ks, [str(k) for k in ks])
+    ax.set_xlabel("k (samples per problem)")
+    ax.set_ylabel("problems solved (%)")
+    ax.set_ylim(0, 100)
+    ax.set_title(title, fontsize=9, loc="left")
+    ax.legend(fontsize=8, loc="lower right")
+    fig.tight_layout()
+    return fig

@@ -64,12 +64,12 @@ def validation_profile(config: PresetConfig, state_file: str | Path, draws: int 
     }
 
 
-def _trials(key: str, rates: list[float], train) -> list[dict]:
+def _trials(key: str, rates: list[float], train, base: PresetConfig = TINY, prefix: str = "") -> list[dict]:
     """One trial per rate: `train(config, run_dir)` runs it; each row adds the validation profile."""
     rows = []
     for rate in rates:
-        config = TINY.with_overrides(**{key: rate})
-        run_dir = TUNE_DIR / f"{key}-{rate:g}"
+        config = base.with_overrides(**{key: rate})
+        run_dir = TUNE_DIR / f"{prefix}{key}-{rate:g}"
         began = time.perf_counter()
         train(config, run_dir)
         rows.append({key: rate, **validation_profile(config, run_dir / "model.safetensors"),
@@ -95,6 +95,22 @@ def tune_grpo(rates: list[float], warm_file: str | Path) -> list[dict]:
         config, run_dir, start_file=warm_file, overwrite=True, progress=False))
 
 
+def tune_grpo_large(rates: list[float], warm_file: str | Path) -> list[dict]:
+    """One larger run (labkit.larger_run: 32 prompts x G=8, 100 iterations) per rate from `warm_file`;
+    the validation profile of each, and its fixed-prompt curve's last exact KL."""
+    from . import grpo, larger_run
+
+    def train(config, run_dir):
+        grpo.run_grpo(config, run_dir, start_file=warm_file, overwrite=True, progress=False,
+                      sampler=larger_run.SAMPLER, shared_prompts=True)
+
+    rows = _trials("grpo_lr", rates, train, base=larger_run.larger_config("tiny"), prefix="large-")
+    for row in rows:
+        curve = grpo.read_checkpoints(TUNE_DIR / f"large-grpo_lr-{row['grpo_lr']:g}")
+        row["final_kl"] = curve[-1]["kl"] if curve else None
+    return rows
+
+
 def _row_text(row: dict) -> str:
     rate = {k: v for k, v in row.items() if k.endswith("_lr")}
     return (f"{rate}: greedy {row['greedy_accuracy']:.1%} (valid JSON {row['greedy_valid_json']:.0%}, "
@@ -104,7 +120,8 @@ def _row_text(row: dict) -> str:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("what", choices=("warm-start", "grpo"), help="which rate to try")
+    parser.add_argument("what", choices=("warm-start", "grpo", "grpo-large"),
+                        help="which rate to try (grpo-large: the larger run's, labkit.larger_run)")
     parser.add_argument("--rates", required=True, help="comma-separated learning rates, e.g. 1e-3,2e-3")
     parser.add_argument("--start", type=Path, default=None,
                         help="starting model (default: runs/tiny/base for warm-start, runs/tiny/warm_start for grpo)")
@@ -129,7 +146,7 @@ def run(args: argparse.Namespace) -> int:
         rows = tune_warm_start(rates, start)
     else:
         start = args.start or runs / "warm_start" / "model.safetensors"
-        rows = tune_grpo(rates, start)
+        rows = (tune_grpo if args.what == "grpo" else tune_grpo_large)(rates, start)
     out = args.out or TUNE_DIR / f"{args.what}.json"
     write_json(out, {"what": args.what, "start": str(start), "split": "validation", "rows": rows})
     print(f"wrote {out}")

@@ -19,7 +19,8 @@ def start_file(tmp_path_factory):
 
 
 # Short responses keep the test fast: the loop logic does not depend on the length.
-SMALL = TINY.with_overrides(max_response_tokens=6, grpo_lr=1e-3)
+# Curves every iteration on 6 fixed problems: their records are tested, at little cost.
+SMALL = TINY.with_overrides(max_response_tokens=6, grpo_lr=1e-3, checkpoint_every=1, checkpoint_problems=6)
 
 
 def run(tmp, start_file, **kw):
@@ -70,6 +71,52 @@ def test_stop_and_resume_equals_continuous(tmp_path, start_file):
     resumed = grpo.read_rollouts(tmp_path / "resume")
     continuous = [r for r in grpo.read_rollouts(tmp_path / "continuous") if r["iteration"] > 1]
     assert resumed == continuous
+    # the resumed folder measures its own iterations' checkpoints, equal to the continuous run's
+    curves = grpo.read_checkpoints(tmp_path / "continuous")
+    assert [c["iteration"] for c in curves] == [0, 1, 2, 3]
+    assert grpo.read_checkpoints(tmp_path / "resume") == curves[2:]
+
+
+def test_checkpoint_curves_change_no_weight_and_no_rollout(tmp_path, start_file):
+    """The curves sample with seeds of their own and train nothing: the same run without them ends
+    in the same weights, bit for bit, with the same rollouts."""
+    with_curves = run(tmp_path / "with", start_file)
+    without = grpo.run_grpo(SMALL.with_overrides(checkpoint_every=0), tmp_path / "without", group_size=2,
+                            iterations=3, start_file=start_file, progress=False)
+    assert with_curves["final_digest"] == without["final_digest"]
+    assert grpo.read_rollouts(tmp_path / "with") == grpo.read_rollouts(tmp_path / "without")
+    assert grpo.read_checkpoints(tmp_path / "without") == []
+    curves = grpo.read_checkpoints(tmp_path / "with")
+    start = curves[0]
+    assert start["iteration"] == 0 and start["kl"] == 0.0, "at the start the policy is the reference"
+    assert len(start["greedy_correct"]) == len(start["draws_correct"]) == 6
+    assert start["sampled_success"] == sum(start["draws_correct"]) / (6 * SMALL.checkpoint_draws)
+
+
+def test_a_problem_drawn_twice_in_one_iteration_makes_two_groups(tmp_path, start_file, monkeypatch):
+    """P = 32 prompts from a pool of 20: the order wraps inside the iteration and 12 problems come
+    twice.  Groups are positions, not problem ids: 32 groups of G = 2, every rollout id unique."""
+    pool = grpo.load_pool()[:20]
+    monkeypatch.setattr(grpo, "load_pool", lambda: pool)
+    config = SMALL.with_overrides(prompts_per_iteration=32, checkpoint_every=0)
+    grpo.run_grpo(config, tmp_path / "run", group_size=2, iterations=1, start_file=start_file, progress=False)
+    rows = grpo.read_rollouts(tmp_path / "run")
+    history = json.loads((tmp_path / "run" / "history.json").read_text())[0]
+    assert len(history["problem_ids"]) == 32 and len(set(history["problem_ids"])) == 20
+    assert len(rows) == 64 and len({r["rollout_id"] for r in rows}) == 64
+    rewards = torch.tensor([r["reward"] for r in rows]).reshape(32, 2)
+    assert history["frac_reward_zero_std"] == float(grpo.losses.zero_variance_groups(rewards).float().mean())
+    assert [r["advantage"] for r in rows] == pytest.approx(grpo.losses.group_advantages(rewards).reshape(-1).tolist(),
+                                                           abs=0)
+
+
+def test_iteration_metrics_groups_by_position():
+    rows = [{"problem_id": "train-0200", "reward": r, "response_ids": [1], "finish_reason": "eos"}
+            for r in (1.0, 0.0, 1.0, 1.0)]  # one problem, two groups: (1, 0) has signal, (1, 1) has none
+    metrics = grpo.iteration_metrics(rows, [True] * 4, group_size=2)
+    assert metrics["frac_reward_zero_std"] == 0.5 and metrics["reward_std"] == 0.25
+    with pytest.raises(ValueError, match="groups of 3"):
+        grpo.iteration_metrics(rows, [True] * 4, group_size=3)
 
 
 def test_resume_refuses_a_state_of_another_run(tmp_path, start_file):
@@ -186,3 +233,28 @@ def test_a_link_to_a_finished_run_is_refused(tmp_path, start_file):
     (tmp_path / "link").symlink_to(tmp_path / "run")
     with pytest.raises(FileExistsError, match="never overwritten"):
         run(tmp_path / "link", start_file)
+
+
+def test_shared_prompt_scoring_trains_the_same_policy_within_rounding(tmp_path, start_file):
+    """The shared-prompt path computes each prompt once per group: the same rollouts at iteration 1,
+    the pre-update check within its tolerance, and weights within float32 rounding after 6 updates."""
+    plain = run(tmp_path / "plain", start_file)
+    shared = run(tmp_path / "shared", start_file, shared_prompts=True)
+    assert shared["identity"]["scoring"] == "shared_prompt" and "scoring" not in plain["identity"]
+    first = lambda folder: [r for r in grpo.read_rollouts(folder) if r["iteration"] == 1]  # noqa: E731
+    assert [r["response_ids"] for r in first(tmp_path / "plain")] == [r["response_ids"] for r in first(tmp_path / "shared")]
+    history = json.loads((tmp_path / "shared" / "history.json").read_text())
+    assert max(h["logprob_check/max_abs_diff"] for h in history) <= SMALL.logprob_check_tol
+    # the first update sees the same weights and rollouts: its loss and gradient norm agree to rounding
+    first_plain = json.loads((tmp_path / "plain" / "history.json").read_text())[0]["updates"][0]
+    assert history[0]["updates"][0]["loss"] == pytest.approx(first_plain["loss"], abs=1e-6)
+    assert history[0]["updates"][0]["grad_norm"] == pytest.approx(first_plain["grad_norm"], rel=1e-4)
+    # later updates: AdamW divides by sqrt(v), so a rounding-level gradient near 0 can flip a step's
+    # sign; the weights stay close relative to how far the 6 updates moved them
+    start, _ = models.load("tiny", state=start_file)
+    a, _ = models.load("tiny", state=tmp_path / "plain" / "model.safetensors")
+    b, _ = models.load("tiny", state=tmp_path / "shared" / "model.safetensors")
+    norm = lambda pairs: sum(float((x - y).pow(2).sum()) for x, y in pairs) ** 0.5  # noqa: E731
+    gap = norm(zip(a.parameters(), b.parameters()))
+    moved = norm(zip(a.parameters(), start.parameters()))
+    assert gap < 0.1 * moved, f"weights differ by {gap:.2e} (L2) after 6 updates that moved them by {moved:.2e}"

@@ -17,7 +17,8 @@ def grpo_run(tmp_path_factory):
     root = tmp_path_factory.mktemp("metrics")
     start = root / "start.safetensors"
     models.save_model(models.new_tiny_model(seed=3), start)
-    grpo.run_grpo(TINY.with_overrides(max_response_tokens=4), root / "grpo", group_size=2, iterations=2,
+    grpo.run_grpo(TINY.with_overrides(max_response_tokens=4, checkpoint_problems=8), root / "grpo", group_size=2,
+                  iterations=2,
                   start_file=start, progress=False)
     return root / "grpo"
 
@@ -43,6 +44,9 @@ def test_grpo_history_updates_rows_and_timings_are_documented(grpo_run):
     assert keys(u for h in history for u in h["updates"]) == set(metrics.GRPO_UPDATE)
     assert keys(grpo.read_rollouts(grpo_run)) == set(metrics.ROLLOUT_ROW)
     assert keys(grpo.read_timings(grpo_run)) == set(metrics.GRPO_TIMINGS)
+    checkpoints = grpo.read_checkpoints(grpo_run)
+    assert [c["iteration"] for c in checkpoints] == [0, 2]  # the start and the end of a 2-iteration run
+    assert keys(checkpoints) == set(metrics.GRPO_CHECKPOINT)
 
 
 def test_sft_history_and_greedy_validation_are_documented(sft_run):

@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import math
+from fractions import Fraction
+
 import pytest
 
 from labkit import narrative
+from labkit.evaluate import wilson_interval
 
 
 def test_side_of_and_interval_verdicts():
@@ -16,12 +20,38 @@ def test_side_of_and_interval_verdicts():
     assert narrative.intervals_verdict(0.45, 0.7, 0.4, 0.5) == "overlaps"
 
 
-def test_a_rate_rises_only_when_the_intervals_separate():
+def fisher_by_hand(k0: int, n0: int, k1: int, n1: int) -> float:
+    """Two-sided Fisher exact p: the hypergeometric tables at most as likely as the observed one."""
+    total, successes = n0 + n1, k0 + k1
+
+    def prob(x):
+        return Fraction(math.comb(successes, x) * math.comb(total - successes, n0 - x), math.comb(total, n0))
+
+    support = range(max(0, successes - n1), min(successes, n0) + 1)
+    return float(sum(prob(x) for x in support if prob(x) <= prob(k0) * Fraction(10 ** 7 + 1, 10 ** 7)))
+
+
+def test_a_rate_moves_only_when_the_fisher_exact_test_rejects():
     assert narrative.change_verdict((10, 100), (60, 100)) == "rose"
     assert narrative.change_verdict((60, 100), (10, 100)) == "fell"
-    assert narrative.change_verdict((81, 160), (102, 160)) == "unchanged"  # 50.6% -> 63.7%: intervals overlap
-    text = narrative.count_change((3, 160), (3, 160), "the reward")
-    assert text.startswith("the reward did not change measurably") and text.endswith("(the same rate)")
+    # 50.6% [43.0, 58.3] -> 63.7% [56.1, 70.8]: the intervals overlap, yet the counts differ at p < 0.05.
+    assert narrative.intervals_verdict(*wilson_interval(102, 160), *wilson_interval(81, 160)) == "overlaps"
+    p = fisher_by_hand(81, 160, 102, 160)
+    assert 0.02 < p < 0.05
+    assert narrative.change_verdict((81, 160), (102, 160)) == "rose"
+    assert narrative.count_change((81, 160), (102, 160), "the reward") == (
+        f"the reward rose from 81/160 = 50.6% [43.0%, 58.3%] to 102/160 = 63.7% [56.1%, 70.8%] "
+        f"(Fisher exact p = {p:.2g})")
+    p = fisher_by_hand(198, 320, 201, 320)
+    assert p > 0.05 and narrative.change_verdict((198, 320), (201, 320)) == "unchanged"
+    assert narrative.count_change((198, 320), (201, 320), "it") == (
+        f"it did not change measurably: 198/320 = 61.9% [56.4%, 67.0%], then 201/320 = 62.8% [57.4%, 67.9%] "
+        f"(different rates, Fisher exact p = {p:.2g})")
+    assert fisher_by_hand(3, 160, 3, 160) == 1.0
+    assert narrative.count_change((3, 160), (3, 160), "the reward") == (
+        "the reward did not change measurably: 3/160 = 1.9% [0.6%, 5.4%], then 3/160 = 1.9% [0.6%, 5.4%] "
+        "(the same rate, Fisher exact p = 1)")
+    assert narrative.count_change((44, 800), (318, 320), "x").endswith("(Fisher exact p < 1e-6)")
 
 
 def test_signal_fraction_and_its_range():
@@ -47,3 +77,45 @@ def test_a_rerun_is_compared_exactly_on_tokens_and_within_tolerance_on_logprobs(
     report = narrative.compare_rollouts(wrong, cached, 2e-4)
     assert report["first_difference"] == ("a", ["response_ids", "text"])
     assert "does NOT reproduce" in narrative.rerun_sentence(report, 2e-4)
+
+
+def _greedy_rows(successes):
+    return [{"problem_id": f"p{k:03d}", "reward": int(x)} for k, x in enumerate(successes)]
+
+
+def _sampled_rows(counts, draws=4):
+    return [{"problem_id": f"p{k:03d}", "draw": d, "reward": int(d < c)} for k, c in enumerate(counts) for d in range(draws)]
+
+
+@pytest.mark.parametrize("a, b", [
+    ([0] * 30 + [1] * 10, [1] * 25 + [0] * 5 + [1] * 10),  # B gains 25, loses 0: ahead, significant
+    ([1] * 25 + [0] * 5 + [1] * 10, [0] * 30 + [1] * 10),  # B behind, significant
+    ([0, 1] * 20, [1, 0] * 3 + [0, 1] * 17),  # 3 gained, 3 lost: not separable
+])
+def test_paired_sentences_are_paireds_own_under_the_chapters_names(a, b):
+    from labkit import paired
+
+    counts_a, counts_b = [4 * x for x in a], [min(4, 4 * x + (k % 2)) for k, x in enumerate(b)]
+    made = {"greedy": paired.compare_greedy(_greedy_rows(a), _greedy_rows(b), ("grpo", "grpo")),
+            "sample": paired.compare_sampled(_sampled_rows(counts_a), _sampled_rows(counts_b), 4, ("grpo", "grpo"))}
+    names = ("warm_start", "rft")
+    expected = {"greedy": paired.compare_greedy(_greedy_rows(a), _greedy_rows(b), names),
+                "sample": paired.compare_sampled(_sampled_rows(counts_a), _sampled_rows(counts_b), 4, names)}
+    renamed = narrative.paired_sentences(made, names)
+    assert renamed == expected
+    assert made["greedy"]["verdict"].startswith("grpo gained")  # the input is not changed
+    for mode, key, gap in (("greedy", "p", expected["greedy"]["gained"] - expected["greedy"]["lost"]),
+                           ("sample", "p_permutation", expected["sample"]["mean_difference"])):
+        call = narrative.paired_call(renamed, mode)
+        if expected[mode][key] >= paired.ALPHA:
+            assert call == "not separable" and "not separable" in renamed[mode]["verdict"]
+        else:
+            assert call == ("ahead" if gap > 0 else "behind")
+            assert f"rft {call}, significant at" in renamed[mode]["verdict"]
+
+
+def test_unpaired_rates_are_told_apart_by_the_fisher_exact_test_only():
+    assert narrative.unpaired_call((60, 100), (10, 100)) == "higher"
+    assert narrative.unpaired_call((10, 100), (60, 100)) == "lower"
+    assert narrative.unpaired_call((102, 160), (81, 160)) == "higher"  # intervals overlap, p = 0.02
+    assert narrative.unpaired_call((201, 320), (198, 320)) == "not separable"

@@ -1,0 +1,109 @@
+"""The larger GRPO run: the budget that moves the tiny policy, beside the protocol's run and outside its counts.
+
+The protocol's run (100 iterations x 4 prompts x G=4, 2 updates each at 3e-5) moves the tiny
+warm start very little: AdamW moves each weight by at most about the learning rate per update,
+so 200 updates at 3e-5 cannot sharpen its logits much, and 16 rollouts per update are too few
+to keep a larger rate's steps clean (at 1e-4 they made it worse).  This run gives GRPO the
+budget, and changes nothing else of the loop (the same clipped surrogate, exact KL at 0.02, two
+updates per iteration, warm-up then linear decay, the same verifier):
+
+    prompts per iteration   32        (protocol: 4)
+    G                       8         (protocol: 4)
+    iterations              100       (the same)
+    learning rate           RATE      chosen on the VALIDATION split (table below)
+    sampler                 fast      (the same tokens as the reference sampler's, batched)
+    scoring                 shared    each prompt computed once per group (labkit.shared_prompt)
+
+It is evaluated exactly as the protocol's policies (greedy and 4 seeded draws on the 200 test
+problems, into runs/<preset>/grpo_large/evaluation/), and, for pass@k from k = 1 to 64, the
+warm start and this run draw 64 samples per test problem (runs/<preset>/grpo_large/pass_at_k/).
+The first 4 of those draws have the evaluation's seeds, so they repeat its samples.
+
+Run it with `python -m labkit grpo-large` (the cache step `grpo_large`; `make cache` builds it).
+Only the tiny preset has it: the qwen preset runs the protocol's counts.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from .config import PresetConfig, get_preset
+from .runs import REPO_ROOT, RunFolder
+
+# The rate, chosen on the validation split with `python -m labkit tune grpo-large --rates ...`
+# (each trial a full run of this budget from the warm start; 200 validation problems, greedy and
+# 4 seeded draws each; "KL" is the exact per-token KL to the warm start on the fixed draws):
+#
+#   grpo_lr   greedy   sampled   valid JSON (sampled)   KL
+#   (filled in from the trials)
+#
+LARGER_RUN = {
+    "tiny": {"prompts_per_iteration": 32, "group_size": 8, "grpo_iterations": 100, "grpo_lr": 1e-4},
+}
+SAMPLER = "fast"
+PASS_AT_K_DRAWS = 64  # samples per test problem for pass@k, k = 1 .. 64
+PASS_AT_K_POLICIES = ("warm_start", "grpo_large")
+
+
+def larger_config(preset: str = "tiny") -> PresetConfig:
+    """The preset's config with the larger run's counts and rate (refuses a preset without one)."""
+    if preset not in LARGER_RUN:
+        raise ValueError(f"preset {preset!r} has no larger run (only {sorted(LARGER_RUN)}); the qwen preset "
+                         "runs the protocol's counts")
+    return get_preset(preset).with_overrides(**LARGER_RUN[preset])
+
+
+def run_dir(preset: str = "tiny") -> Path:
+    return REPO_ROOT / "runs" / preset / "grpo_large"
+
+
+def evaluation_root(preset: str = "tiny") -> Path:
+    """Where the run's standard evaluation goes: <run>/evaluation/grpo_large/."""
+    return run_dir(preset) / "evaluation"
+
+
+def pass_at_k_root(preset: str = "tiny") -> Path:
+    """Where the 64-draw evaluations of the warm start and of this run go: <run>/pass_at_k/<policy>/."""
+    return run_dir(preset) / "pass_at_k"
+
+
+def policy_file(preset: str, policy: str) -> Path:
+    """The model file of a pass@k policy: the warm start's, or this run's."""
+    folder = RunFolder(run_dir(preset) if policy == "grpo_large" else REPO_ROOT / "runs" / preset / policy)
+    if not folder.is_finished():
+        raise FileNotFoundError(f"{folder} is not a finished run; build it first (`python -m labkit grpo-large`)")
+    return folder / "model.safetensors"
+
+
+def train(preset: str = "tiny", *, device: str | None = None, progress: bool = True, overwrite: bool = False) -> dict:
+    """The larger run's training (labkit.grpo.run_grpo with the larger config), a state saved halfway."""
+    from . import grpo
+
+    config = larger_config(preset)
+    return grpo.run_grpo(config, run_dir(preset), sampler=SAMPLER, shared_prompts=True, device=device,
+                         save_states_at=(config.grpo_iterations // 2,), progress=progress, overwrite=overwrite)
+
+
+def evaluate_all(preset: str = "tiny", *, device: str | None = None) -> list[str]:
+    """The standard evaluation of the run, then the 64-draw evaluations for pass@k; skips what is finished.
+    Returns what it evaluated."""
+    from . import evaluate
+
+    done = []
+    if not RunFolder(evaluation_root(preset) / "grpo_large").is_finished():
+        evaluate.run_inference(preset, "grpo_large", state_file=policy_file(preset, "grpo_large"),
+                               eval_root=evaluation_root(preset), device=device)
+        done.append("grpo_large")
+    for policy in PASS_AT_K_POLICIES:
+        if not RunFolder(pass_at_k_root(preset) / policy).is_finished():
+            evaluate.run_inference(preset, policy, state_file=policy_file(preset, policy),
+                                   eval_root=pass_at_k_root(preset), draws=PASS_AT_K_DRAWS, device=device)
+            done.append(f"{policy} ({PASS_AT_K_DRAWS} draws)")
+    return done
+
+
+def is_built(preset: str = "tiny") -> bool:
+    """Trained and every evaluation finished."""
+    folders = [run_dir(preset), evaluation_root(preset) / "grpo_large",
+               *(pass_at_k_root(preset) / p for p in PASS_AT_K_POLICIES)]
+    return all(RunFolder(f).is_finished() for f in folders)
