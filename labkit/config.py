@@ -111,8 +111,7 @@ class PresetConfig:
     """fast-sampler rows per batch in evaluation and the sampler comparison (changes no token)"""
     # -- fixed-prompt checkpoint curves (labkit.checkpoint_curves) ------------------
     checkpoint_every: int = 10
-    """a GRPO run measures its policy on the fixed validation prompts every this many iterations
-    (and at its start and end); 0: never.  The curves never choose a checkpoint"""
+    """iterations between a GRPO run's fixed-prompt checkpoints (also at its start and end); 0: none"""
     checkpoint_problems: int = 64
     """validation problems in the fixed set (a seeded choice; the validation split only)"""
     checkpoint_draws: int = 4

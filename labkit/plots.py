@@ -879,3 +879,39 @@ def plot_pass_at_k_curves(curves: dict[str, tuple[list[int], list[float]]], gree
     ax.legend(fontsize=8, loc="lower right")
     fig.tight_layout()
     return fig
+
+
+def plot_pass_at_k_panels(panels: dict[str, dict[str, tuple[list[int], list[float]]]],
+                          greedy: dict[str, dict[str, float]] | None = None, title: str = ""):
+    """pass@k against k (log axis), one panel per population (chapter 7).
+
+    panels: {population: {policy label: (ks, values)}}, values in [0, 1]; greedy: optionally
+    {population: {policy label: greedy pass@1}}, drawn as a star at k = 1 in the policy's colour.
+    Every panel has the same policies in the same colours, and the same 0-100% axis.
+    """
+    if not panels:
+        raise ValueError("no panel to draw")
+    fig, axes = plt.subplots(1, len(panels), figsize=(4.0 * len(panels), 3.4), squeeze=False, sharey=True)
+    colours = {}
+    for ax, (population, curves) in zip(axes[0], panels.items()):
+        for label, (ks, values) in curves.items():
+            if len(ks) != len(values) or not ks:
+                raise ValueError(f"{population}/{label}: {len(ks)} k values and {len(values)} pass@k values")
+            colour = colours.setdefault(label, f"C{len(colours)}")
+            ax.plot(ks, [100 * v for v in values], "o-", markersize=3.5, color=colour, label=f"{label} pass@k")
+            if greedy and label in greedy.get(population, {}):
+                ax.scatter([1], [100 * greedy[population][label]], marker="*", s=90, color=colour, zorder=3,
+                           label=f"{label} greedy")
+        ks = sorted({k for ks, _ in curves.values() for k in ks})
+        ax.set_xscale("log", base=2)
+        ax.set_xticks(ks, [str(k) for k in ks])
+        ax.set_xlabel("k (samples per problem)", fontsize=8)
+        ax.set_ylim(0, 100)
+        ax.set_title(population, fontsize=9)
+        ax.tick_params(labelsize=8)
+    axes[0][0].set_ylabel("problems solved (%)")
+    axes[0][-1].legend(fontsize=7, loc="lower right")
+    if title:
+        fig.suptitle(title, fontsize=10)
+    fig.tight_layout()
+    return fig

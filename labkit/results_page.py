@@ -2,25 +2,52 @@
 
 `book/results.md` is generated, never edited by hand: every number on it is
 read from the run folder (by default the committed tiny run, `runs/tiny/`):
-`evaluation/results.json` for the test evaluation, the manifests and histories
-for training, `protocol_times.json` for wall times.  An instructor who ran the
-qwen preset regenerates the page from their own run with `--run runs/qwen`.
+`evaluation/results.json` for the test evaluation, the raw predictions under
+`evaluation/<policy>/` (and `grpo_large/evaluation/grpo_large/`, when the larger
+run finished) for the paired comparisons, the manifests and histories for
+training, `protocol_times.json` for wall times.  An instructor who ran the qwen
+preset regenerates the page from their own run with `--run runs/qwen`.
+
+Comparisons are paired (labkit.paired).  Every policy answers the same test problems, and
+each sampled draw has the same seed for every policy, so two policies' answers come in pairs:
+the greedy answers are compared by the exact McNemar test, the per-problem rates of the draws
+by a sign test and a paired permutation test.  A difference is called significant or not
+separable from that test at the 5% level.  The Wilson intervals describe each rate; whether
+two of them overlap is not a test and decides nothing here.
+
+The page has one figure, `figures/results.png` beside the page (labkit.plots_results): the
+same command writes it, deterministically (the same files give the same bytes), and
+`is_current` checks it byte for byte with the markdown.
 
 The protocol's authors also published the figures of their own Qwen run.  They
 are shown in a separate section, marked as theirs: this lab did not measure them.
+Their counts are aggregates with nothing to pair, so their comparison is Fisher's
+exact test of two counts (labkit.paired.two_proportion_test).
 """
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
-from . import baselines
+from . import baselines, evaluate, paired
 from .evaluate import markdown_table, results_table, wilson_interval
-from .runs import REPO_ROOT, atomic_write_text, read_json, sha256_file
+from .runs import FINISHED_MARKER, REPO_ROOT, atomic_write_bytes, atomic_write_text, read_json, sha256_file
 
 DEFAULT_RUN = REPO_ROOT / "runs" / "tiny"
 DEFAULT_OUT = REPO_ROOT / "book" / "results.md"
 MAIN_POLICIES = ("warm_start", "sft", "grpo")
+LARGE = "grpo_large"  # the larger GRPO run (labkit.larger_run), evaluated under <run>/grpo_large/evaluation/
+FIGURE = "figures/results.png"  # the page's figure, relative to the page
+# The comparisons of the page, (A, B): B against A.  One is made when both evaluations exist.
+COMPARISONS = (("warm_start", "grpo"), ("sft", "grpo"), ("warm_start", "sft"),
+               ("grpo", "grpo_g2"), ("grpo", "grpo_g8"), ("warm_start", LARGE), ("grpo", LARGE))
+SUBSETS = paired.SUBSETS
+# The one sentence of the page that names interval overlap: it says that overlap is no test.
+OVERLAP_NOTE = ("Whether two Wilson intervals overlap is not a test of their difference (two rates can differ "
+                "at the 5% level while their intervals overlap; labkit.paired shows an example), so no verdict "
+                "on this page is read from the intervals.")
+
 
 # The Qwen2.5-0.5B-Instruct figures reported by the protocol's authors (the Vietnamese seed
 # document, section "Quan sát trong quá trình phát triển", observations during development):
@@ -42,24 +69,150 @@ def _interval(ci) -> str:
     return f"[{100 * ci[0]:.1f}, {100 * ci[1]:.1f}]"
 
 
-def verdict(results: dict, mode: str = "greedy", population: str = "ALL",
-            better: str = "grpo", than: str = "sft") -> str:
-    """One sentence comparing two policies' success rates, decided by their Wilson intervals.
+def _p(p: float) -> str:
+    """A p-value for a table cell: paired.format_p without its leading "p" ("0.45", "3.4e-5", "< 1e-6")."""
+    return paired.format_p(p).removeprefix("p = ").removeprefix("p ")
 
-    "beat" only when the intervals do not overlap; otherwise the difference is
-    called what it is at this sample size: not resolved.
+
+def _side(gap: float, better: str) -> str:
+    """The direction words of paired.verdict: B ahead or behind (claimed only when significant)."""
+    return f"{better} ahead" if gap > 0 else f"{better} behind"
+
+
+# --- The paired comparisons -----------------------------------------------------------------------------
+
+
+def evaluation_dirs(run: str | Path = DEFAULT_RUN, policies: list[str] | None = None) -> dict[str, Path]:
+    """{policy: evaluation folder}: the protocol's policies (evaluation/<policy>/; `policies`, by default every
+    finished one, in labkit.evaluate.POLICIES order), then the larger run's when
+    <run>/grpo_large/evaluation/grpo_large/FINISHED exists."""
+    run = Path(run)
+    if policies is None:
+        policies = evaluate.finished_policies(run / "evaluation")
+    dirs = {p: run / "evaluation" / p for p in policies}
+    large = run / LARGE / "evaluation" / LARGE
+    if (large / FINISHED_MARKER).is_file():
+        dirs[LARGE] = large
+    return dirs
+
+
+def paired_comparisons(dirs: dict[str, Path], labels: list[dict] | None = None) -> list[dict]:
+    """Every comparison of COMPARISONS whose two policies have a folder in `dirs`, on each subset, in that order:
+    [{"a", "b", "subset", "greedy", "sample"}], the last two from paired.compare_policies (B = b against A = a).
+
+    labels: the test labels (evaluate.load_test_labels(phase="scoring"), read when not given).
     """
-    a = results["policies"][better][mode][population]
-    b = results["policies"][than][mode][population]
-    text = (f"{better} {_pct(a['success_rate'])} {_interval(a['success_rate_ci'])} against {than} "
-            f"{_pct(b['success_rate'])} {_interval(b['success_rate_ci'])} ({mode}, {population}, "
-            f"{a['responses']} responses each)")
-    if a["success_rate_ci"][0] > b["success_rate_ci"][1]:
-        return f"{better} beat {than}: {text}; the 95% intervals do not overlap."
-    if b["success_rate_ci"][0] > a["success_rate_ci"][1]:
-        return f"{better} did worse than {than}: {text}; the 95% intervals do not overlap."
-    return (f"{better} did not beat {than}: {text}; the 95% intervals overlap, so this sample does not "
-            "separate them.")
+    if labels is None:
+        labels = evaluate.load_test_labels(phase="scoring")
+    out = []
+    for a, b in COMPARISONS:
+        if a in dirs and b in dirs:
+            for subset in SUBSETS:
+                out.append({"a": a, "b": b, "subset": subset,
+                            **paired.compare_policies(dirs[a], dirs[b], labels, subset)})
+    return out
+
+
+def _sample_counts(s: dict) -> tuple[int, int, int]:
+    """(A's correct draws, B's correct draws, draws in all) of a compare_sampled result."""
+    total = s["n_problems"] * s["draws"]
+    return round(s["a_rate"] * total), round(s["b_rate"] * total), total
+
+
+def verdict(results: dict, mode: str = "greedy", population: str = "ALL",
+            better: str = "grpo", than: str = "sft", *, run: str | Path = DEFAULT_RUN,
+            comparison: dict | None = None) -> str:
+    """One sentence comparing two policies on the same test problems, decided by a paired test (labkit.paired).
+
+    greedy: the exact McNemar test of the two policies' answers, problem by problem; sample: the paired
+    permutation test of the per-problem rates over the draws, which share their seeds (the sign test is
+    reported beside it).  "beat" or "did worse than" when p < paired.ALPHA, else "not separable".
+    results: results.json's content (its "policies"), for each rate and its Wilson interval, which describe
+    the rates and decide nothing.  comparison: paired.compare_policies(than's folder, better's folder, labels,
+    population); read from `run`'s evaluation folders when not given.  ValueError when the two disagree on
+    a count (results.json no longer matches the predictions).
+    """
+    if comparison is None:
+        dirs = evaluation_dirs(run, [p for p in (than, better) if p != LARGE])
+        comparison = paired.compare_policies(dirs[than], dirs[better], evaluate.load_test_labels(phase="scoring"),
+                                             population)
+    c = comparison[mode]
+    b, a = results["policies"][better][mode][population], results["policies"][than][mode][population]
+    if mode == "greedy":
+        p, gap, counts, n = c["p"], c["gained"] - c["lost"], (c["b_correct"], c["a_correct"]), c["n"]
+        setup = f"greedy pass@1, {population}, the same {n} problems"
+    else:
+        p, gap = c["p_permutation"], c["mean_difference"]
+        k_a, k_b, n = _sample_counts(c)
+        counts = (k_b, k_a)
+        setup = f"per-draw success, {population}, {c['n_problems']} problems x {c['draws']} draws with shared seeds"
+    if (b["correct"], a["correct"]) != counts or a["responses"] != n or b["responses"] != n:
+        raise ValueError(f"{better} against {than} ({mode}, {population}): results.json says {b['correct']}/"
+                         f"{b['responses']} and {a['correct']}/{a['responses']}, the predictions {counts[0]}/{n} and "
+                         f"{counts[1]}/{n}; rerun `python -m labkit results-json`")
+    if p < paired.ALPHA:
+        call = f"{better} beat {than}" if gap > 0 else f"{better} did worse than {than}"
+    else:
+        call = f"{better} and {than} are not separable"
+    return (f"{call}: {better} {_pct(b['success_rate'])} {_interval(b['success_rate_ci'])} against {than} "
+            f"{_pct(a['success_rate'])} {_interval(a['success_rate_ci'])} ({setup}); {c['verdict']}.")
+
+
+def _short_verdicts(c: dict) -> str:
+    g, s = c["greedy"], c["sample"]
+    greedy = paired.verdict(g["p"], direction=_side(g["gained"] - g["lost"], c["b"]))
+    sample = paired.verdict(s["p_permutation"], direction=_side(s["mean_difference"], c["b"]))
+    return f"greedy: {greedy}; per draw: {sample}"
+
+
+def paired_table(comparisons: list[dict]) -> str:
+    """The comparisons as one markdown table, a row per (A, B, subset)."""
+    lines = ["| B against A | subset | greedy correct, A → B | gained / lost | exact McNemar p "
+             "| per-draw correct, A → B | problems up / down / tied | sign-test p "
+             "| mean rate difference B − A, points [95% interval] | permutation p | verdict |",
+             "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |"]
+    for c in comparisons:
+        g, s = c["greedy"], c["sample"]
+        k_a, k_b, total = _sample_counts(s)
+        low, high = s["interval"]
+        perm = _p(s["p_permutation"]) + ("" if s["p_permutation_method"] == "exact" else " (MC)")
+        lines.append(
+            f"| {c['b']} against {c['a']} | {c['subset']} | {g['a_correct']}/{g['n']} → {g['b_correct']}/{g['n']} "
+            f"| {g['gained']} / {g['lost']} | {_p(g['p'])} "
+            f"| {k_a}/{total} = {_pct(s['a_rate'])} → {k_b}/{total} = {_pct(s['b_rate'])} "
+            f"| {s['up']} / {s['down']} / {s['ties']} | {_p(s['p_sign'])} "
+            f"| {100 * s['mean_difference']:+.1f} [{100 * low:+.1f}, {100 * high:+.1f}] | {perm} "
+            f"| {_short_verdicts(c)} |")
+    return "\n".join(lines) + "\n"
+
+
+def _paired_section(comparisons: list[dict], problems: int, draws: int) -> list[str]:
+    exact_up_to = int(math.log2(paired.PERMUTATION_RESAMPLES))
+    tests = 2 * len(comparisons)
+    out = ["## Paired comparisons", "",
+           f"Every policy answered the same {problems} test problems, and draw d of a problem has the same seed for "
+           "every policy, so two policies' answers come in pairs and are compared pair by pair (`labkit.paired`). "
+           "**Greedy**: the exact McNemar test counts the problems B solves and A does not (gained) and the reverse "
+           "(lost); the problems both solve or both miss say nothing about which is better. **Per draw**: each "
+           f"problem's success over its {draws} draws gives one difference B − A; the sign test counts the problems "
+           "up and down, the mean difference has a t interval, and the paired permutation test (random sign flips "
+           "of the differences) gives the p-value of the per-draw verdict. A difference is **significant** when "
+           f"p < {paired.ALPHA}, otherwise **not separable** at this sample size. {OVERLAP_NOTE}", "",
+           paired_table(comparisons),
+           f"The permutation p is exact when at most {exact_up_to} problems differ (every sign flip is enumerated), "
+           f"otherwise (MC) a Monte-Carlo estimate from {paired.PERMUTATION_RESAMPLES} sign flips with a fixed seed "
+           f"({paired.PERMUTATION_SEED}), the same on every rebuild. The verdicts rest on {tests} p-values (two a "
+           "row), none corrected for the others: at the 5% level about one in twenty would read significant by chance even if "
+           "no policy differed from another, and the ID50 and OOD100 rows of a pair are parts of its ALL row, not "
+           "new evidence.", "",
+           "The same comparisons on all problems, in words:", ""]
+    for c in comparisons:
+        if c["subset"] == "ALL":
+            out.append(f"- {c['b']} against {c['a']}: {c['greedy']['verdict']}. {c['sample']['verdict']}.")
+    return out + [""]
+
+
+# --- The other sections -----------------------------------------------------------------------------------
 
 
 def _training_rows(run: Path) -> list[str]:
@@ -101,17 +254,22 @@ def _training_rows(run: Path) -> list[str]:
     return lines
 
 
+
+
 def _authors_verdict() -> str:
-    """What the authors' own counts say of GRPO against SFT on greedy pass@1, by the interval rule of `verdict`."""
+    """What the authors' own counts say of GRPO against SFT on greedy pass@1, by Fisher's exact test.
+
+    Their figures are aggregate counts (no per-problem answers are published), so nothing pairs the two
+    policies' answers: the test is the unpaired one, paired.two_proportion_test.
+    """
     (g, n), (f, m) = AUTHORS_QWEN["grpo"]["greedy"], AUTHORS_QWEN["sft"]["greedy"]
-    grpo, sft = wilson_interval(g, n), wilson_interval(f, m)
-    if grpo[0] > sft[1]:
-        call = "GRPO beat SFT on greedy pass@1 (the 95% intervals from their counts do not overlap)"
-    elif sft[0] > grpo[1]:
-        call = "GRPO did not beat SFT on greedy pass@1: SFT was ahead, and the 95% intervals from their counts do not overlap"
-    else:
-        call = "GRPO did not beat SFT on greedy pass@1: the 95% intervals from their counts overlap"
-    return f"In their run {call} ({g}/{n} against {f}/{m})."
+    p = paired.two_proportion_test(g, n, f, m)
+    words = paired.verdict(p, what="Fisher exact p", direction="SFT ahead" if f / m > g / n else "GRPO ahead")
+    call = "GRPO beat SFT" if p < paired.ALPHA and g / n > f / m else "GRPO did not beat SFT"
+    return (f"In their run {call} on greedy pass@1 ({g}/{n} against {f}/{m}): {words}. Their figures are "
+            "aggregate counts with no per-problem answers to pair, so this is the unpaired Fisher exact test of "
+            "the two counts (`labkit.paired.two_proportion_test`), not the paired McNemar test of this lab's "
+            "policies.")
 
 
 def _chance_section(run: Path, results: dict, main: list[str]) -> list[str]:
@@ -152,8 +310,53 @@ def _authors_table() -> str:
     return "\n".join(lines) + "\n"
 
 
-def render(run: str | Path = DEFAULT_RUN) -> str:
-    """The page's markdown for the run folder `run` (holding evaluation/results.json)."""
+def figure_path(out: str | Path = DEFAULT_OUT) -> Path:
+    """Where the page `out` keeps its figure: FIGURE, relative to the page's folder."""
+    return Path(out).parent / FIGURE
+
+
+def _large_section(scored: dict) -> list[str]:
+    rows = results_table({"policy_order": [LARGE], "policies": {LARGE: scored}})
+    return ["## The larger GRPO run", "",
+            "The larger run (`python -m labkit grpo-large`, `labkit.larger_run`) gives GRPO more prompts per "
+            "iteration, a larger group and a rate chosen on the validation split; it is evaluated exactly as the "
+            f"protocol's policies, into `{LARGE}/evaluation/{LARGE}/`, and its paired comparisons with the warm "
+            "start and the protocol's GRPO are rows of the table above.", "",
+            markdown_table(rows).rstrip("\n")]
+
+
+def _pass_at_k_section(results: dict, policies: list[str]) -> list[str]:
+    out = ["## pass@k (sampling budget: 4 samples per problem)", "",
+           "| policy | population | " + " | ".join(f"pass@{k}" for k in range(1, 5)) + " |",
+           "| --- | --- | " + " | ".join("---:" for _ in range(4)) + " |"]
+    for policy in policies:
+        for population in results["populations"]:
+            values = results["policies"][policy]["sample"][population]["pass_at_k"]["values"]
+            out.append(f"| {policy} | {population} | " + " | ".join(_pct(v) for v in values) + " |")
+    return out
+
+
+def _times_rows(run: Path) -> list[str]:
+    """The wall-time table of protocol_times.json (none without the file)."""
+    times = run / "protocol_times.json"
+    if not times.is_file():
+        return []
+    t = read_json(times)
+    order = ("base", "warm_start", "sft", "sft_resume", "grpo", "grpo_resume", "sampler_agreement",
+             "evaluation", "group_size")
+    if "base" not in t and (run / "base" / "manifest.json").is_file():
+        t["base"] = read_json(run / "base" / "manifest.json")["wall_time_s"]  # pretrained on its own
+    out = ["", "Wall time of each step of `python -m labkit all` on this run's machine (the base's from "
+           "its own manifest):", "", "| step | seconds |", "| --- | ---: |"]
+    out += [f"| {k} | {t[k]:.1f} |" for k in sorted(t, key=lambda k: order.index(k) if k in order else 99)]
+    out.append(f"| **total** | {sum(t.values()):.1f} |")
+    return out
+
+
+def _page(run: str | Path = DEFAULT_RUN) -> tuple[str, bytes]:
+    """(the page's markdown, its figure's PNG bytes) for the run folder `run`."""
+    from . import plots_results
+
     run = Path(run)
     results_path = run / "evaluation" / "results.json"
     if not results_path.is_file():
@@ -168,58 +371,62 @@ def render(run: str | Path = DEFAULT_RUN) -> str:
     main = [p for p in MAIN_POLICIES if p in policies]
     setup = results["policies"][policies[0]]["evaluation"]
     problems, draws = setup["problems"], setup["draws"]
+    labels = evaluate.load_test_labels(phase="scoring")
+    dirs = evaluation_dirs(run, policies)
+    rates = {"policies": {p: results["policies"][p] for p in policies}}
+    if LARGE in dirs:
+        rates["policies"][LARGE] = evaluate.score_policy(dirs[LARGE], labels)
+    comparisons = paired_comparisons(dirs, labels)
+    by_pair = {(c["a"], c["b"]): c for c in comparisons if c["subset"] == "ALL"}
     out = [
         "# Results",
         "",
         "```{note}",
         f"This page is generated by `python -m labkit.book results-page --run {shown}` from the files of the "
         f"**{results['preset']}** run in `{shown}/` (`evaluation/results.json`, SHA-256 "
-        f"`{sha256_file(results_path)[:16]}…`). Do not edit it by hand; regenerate it after a new run.",
+        f"`{sha256_file(results_path)[:16]}…`, and the raw predictions). Do not edit it by hand; regenerate it "
+        "after a new run.",
         "```",
         "",
         "Every rate below was computed from the saved raw predictions joined with the test labels "
         f"(`python -m labkit results-json --check` recomputes them byte for byte). {problems} problems and "
         f"{problems * draws} samples are small samples: read the 95% Wilson intervals, not only the rates. "
-        f"Per-draw success is the mean over all samples, never best-of-{draws} (chapter 7).",
+        f"Per-draw success is the mean over all samples, never best-of-{draws} (chapter 7). Two policies are "
+        "compared by paired tests on the same problems and seeds (next sections), never by their intervals.",
         "",
         "## The verdict",
         "",
     ]
-    if {"grpo", "sft"} <= set(policies):
-        for mode in ("greedy", "sample"):
-            out.append(f"- {verdict(results, mode)}")
-    if {"grpo", "warm_start"} <= set(policies):
-        out.append(f"- {verdict(results, 'greedy', than='warm_start')}")
+    for than, better in (("sft", "grpo"), ("warm_start", "grpo"), ("warm_start", LARGE)):
+        if (than, better) in by_pair:
+            for mode in ("greedy", "sample"):
+                out.append(f"- {verdict(rates, mode, 'ALL', better, than, comparison=by_pair[(than, better)])}")
     out += [""]
+    if comparisons:
+        out += _paired_section(comparisons, problems, draws)
     out += _chance_section(run, results, main)
-    out += ["## Test evaluation by population", ""]
+    out += ["## Test evaluation by population", "",
+            f"![Greedy pass@1 and per-draw success of each policy on ALL, ID50 and OOD100, with Wilson 95% "
+            f"intervals]({FIGURE})", "",
+            "*Figure: greedy pass@1 (left) and per-draw success (right) of each policy on ALL, ID50 and OOD100; "
+            "the bars are Wilson 95% intervals, a description of each rate. Whether two policies differ is the "
+            "paired table's answer, not the bars'.*", ""]
     rows = [r for r in results_table(results) if r["policy"] in main]
     out.append(markdown_table(rows))
-    out += ["## pass@k (sampling budget: 4 samples per problem)", "",
-            "| policy | population | " + " | ".join(f"pass@{k}" for k in range(1, 5)) + " |",
-            "| --- | --- | " + " | ".join("---:" for _ in range(4)) + " |"]
-    for policy in policies:
-        for population in results["populations"]:
-            values = results["policies"][policy]["sample"][population]["pass_at_k"]["values"]
-            out.append(f"| {policy} | {population} | " + " | ".join(_pct(v) for v in values) + " |")
+    out += _pass_at_k_section(results, policies)
     extra = [p for p in policies if p not in MAIN_POLICIES]
     if extra:
         out += ["", "## The group-size branches (chapter 8)", ""]
         out.append(markdown_table([r for r in results_table(results) if r["policy"] in extra + ["warm_start"]
                                    and r["population"] == "ALL"]))
+        if any(c["a"] == "grpo" and c["b"] in extra for c in comparisons):
+            out.append("Their paired comparisons with the protocol's G = 4 run (`grpo`) are rows of the paired "
+                       "table above.")
+    if LARGE in dirs:
+        out += [""] + _large_section(rates["policies"][LARGE])
     out += ["", "## Training", ""]
     out += _training_rows(run)
-    times = run / "protocol_times.json"
-    if times.is_file():
-        t = read_json(times)
-        order = ("base", "warm_start", "sft", "sft_resume", "grpo", "grpo_resume", "sampler_agreement",
-                 "evaluation", "group_size")
-        if "base" not in t and (run / "base" / "manifest.json").is_file():
-            t["base"] = read_json(run / "base" / "manifest.json")["wall_time_s"]  # pretrained on its own
-        out += ["", "Wall time of each step of `python -m labkit all` on this run's machine (the base's from "
-                "its own manifest):", "", "| step | seconds |", "| --- | ---: |"]
-        out += [f"| {k} | {t[k]:.1f} |" for k in sorted(t, key=lambda k: order.index(k) if k in order else 99)]
-        out.append(f"| **total** | {sum(t.values()):.1f} |")
+    out += _times_rows(run)
     out += [
         "",
         "## Reference figures reported by the protocol's authors (not measured by this lab)",
@@ -232,18 +439,33 @@ def render(run: str | Path = DEFAULT_RUN) -> str:
         "",
         _authors_table(),
     ]
-    return "\n".join(out).rstrip() + "\n"
+    figure = plots_results.png_bytes(rates["policies"], tuple(SUBSETS))
+    return "\n".join(out).rstrip() + "\n", figure
+
+
+def render(run: str | Path = DEFAULT_RUN) -> str:
+    """The page's markdown for the run folder `run` (holding evaluation/results.json)."""
+    return _page(run)[0]
+
+
+def render_figure(run: str | Path = DEFAULT_RUN) -> bytes:
+    """The page's figure (PNG bytes) for the run folder `run`."""
+    return _page(run)[1]
 
 
 def write(run: str | Path = DEFAULT_RUN, out: str | Path = DEFAULT_OUT) -> Path:
-    """Render the page and write it atomically to `out`."""
+    """Render the page and its figure and write both atomically: `out` and figure_path(out)."""
     out = Path(out)
-    atomic_write_text(out, render(run))
+    text, figure = _page(run)
+    atomic_write_bytes(figure_path(out), figure)
+    atomic_write_text(out, text)
     return out
 
 
 def is_current(run: str | Path = DEFAULT_RUN, out: str | Path = DEFAULT_OUT) -> bool:
-    """True when `out` holds exactly what `render(run)` writes now."""
-    out = Path(out)
-    return out.is_file() and out.read_text(encoding="utf-8") == render(run)
-
+    """True when `out` and its figure hold exactly what `write(run, out)` writes now (byte for byte)."""
+    out, figure_file = Path(out), figure_path(out)
+    if not (out.is_file() and figure_file.is_file()):
+        return False
+    text, figure = _page(run)
+    return out.read_text(encoding="utf-8") == text and figure_file.read_bytes() == figure
