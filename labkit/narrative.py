@@ -169,31 +169,12 @@ def rerun_sentence(report: dict, logprob_tol: float) -> str:
 # (or one with the protocol's grpo) needs its own names in the words.
 
 
-def paired_sentences(comparison: dict, names: tuple[str, str]) -> dict:
-    """A copy of a paired comparison ({"greedy", "sample"}, paired.compare_policies) whose two verdict
-    sentences name the policies `names` = (A, B) instead; every number is unchanged.
-
-    The sentences are paired.compare_greedy's and paired.compare_sampled's, word for word, as they
-    would read had the rows been compared under these names."""
-    a, b = names
-    g, s = dict(comparison["greedy"]), dict(comparison["sample"])
-    side = lambda gap: f"{b} ahead" if gap > 0 else f"{b} behind"  # noqa: E731  paired's direction words
-    g["verdict"] = (f"{b} gained {g['gained']} problems and lost {g['lost']} against {a}: "
-                    + paired.verdict(g["p"], what="exact McNemar p", direction=side(g["gained"] - g["lost"])))
-    low, high = s["interval"]
-    s["verdict"] = (f"{b} did better than {a} on {s['up']} problems and worse on {s['down']} ({s['ties']} ties; "
-                    f"sign test {paired.format_p(s['p_sign'])}), mean rate difference {s['mean_difference']:+.1%} "
-                    f"[{low:+.1%}, {high:+.1%}]: "
-                    + paired.verdict(s["p_permutation"], what="paired permutation p", direction=side(s["mean_difference"])))
-    return {**comparison, "greedy": g, "sample": s}
-
-
 def compare_named(a_dir: str | Path, b_dir: str | Path, labels: list[dict], subset: str | None = None,
                   names: tuple[str, str] | None = None) -> dict:
     """paired.compare_policies(a_dir, b_dir, labels, subset) (B = b_dir against A = a_dir), its sentences
-    naming `names` (A, B) when given (paired_sentences), the folders' names otherwise."""
-    comparison = paired.compare_policies(a_dir, b_dir, labels, subset)
-    return comparison if names is None else paired_sentences(comparison, names)
+    naming `names` (A, B) when given (a sweep run's evaluation folder is always called "grpo"), the
+    folders' names otherwise."""
+    return paired.compare_policies(a_dir, b_dir, labels, subset, names=names)
 
 
 def paired_call(comparison: dict, mode: str) -> str:

@@ -180,8 +180,14 @@ def paired_mean_difference(a_counts, b_counts, draws: int) -> dict:
 # --- 4. Words -----------------------------------------------------------------------------------------------
 
 
-def format_p(p: float, what: str = "p") -> str:
-    """'p = 0.45', 'p = 0.0012', 'p = 3.4e-5' (2 significant digits) or 'p < 1e-6' below 1e-6."""
+def format_p(p: float, what: str = "p", at_most: bool = False) -> str:
+    """'p = 0.45', 'p = 0.0012', 'p = 3.4e-5' (2 significant digits) or 'p < 1e-6' below 1e-6.
+
+    at_most: p is a bound, not a value ('p <= 1.0e-4'): a Monte-Carlo permutation test in which no
+    flip was as extreme as the observed sum gives the smallest p its flips can give."""
+    if at_most:
+        mantissa, exponent = f"{p:.1e}".split("e")
+        return f"{what} <= {mantissa}e{int(exponent)}"
     if p < 1e-6:
         return f"{what} < 1e-6"
     if p < 1e-4:
@@ -190,7 +196,7 @@ def format_p(p: float, what: str = "p") -> str:
     return f"{what} = {p:.2g}"
 
 
-def verdict(p: float, alpha: float = ALPHA, what: str = "p", direction: str = "") -> str:
+def verdict(p: float, alpha: float = ALPHA, what: str = "p", direction: str = "", at_most: bool = False) -> str:
     """'significant at p = 0.0012' (with direction: 'B ahead, significant at ...') or 'not separable (p = 0.45)'.
 
     what: how the p-value is named in the words ("exact McNemar p").  direction: the side a
@@ -199,8 +205,14 @@ def verdict(p: float, alpha: float = ALPHA, what: str = "p", direction: str = ""
     if not 0 <= p <= 1 or not 0 < alpha < 1:
         raise ValueError(f"need 0 <= p <= 1 and 0 < alpha < 1, got p={p!r}, alpha={alpha!r}")
     if p < alpha:
-        return (f"{direction}, " if direction else "") + f"significant at {format_p(p, what)}"
-    return f"not separable ({format_p(p, what)})"
+        return (f"{direction}, " if direction else "") + f"significant at {format_p(p, what, at_most)}"
+    return f"not separable ({format_p(p, what, at_most)})"
+
+
+def at_floor(p: float, method: str) -> bool:
+    """Is `p` the smallest p-value a Monte-Carlo permutation test can give (no flip as extreme)?
+    scipy's two-sided Monte-Carlo p is at least 2 / (PERMUTATION_RESAMPLES + 1); the true p may be smaller."""
+    return method != "exact" and p <= 2 / (PERMUTATION_RESAMPLES + 1) * (1 + 1e-9)
 
 
 def _side(gap: float, names: tuple[str, str]) -> str:
@@ -279,7 +291,8 @@ def compare_sampled(a_rows: list[dict], b_rows: list[dict], draws: int, names: t
     b = [b_counts[pid] for pid in problems]
     sign = sign_test(np.subtract(b, a))
     mean = paired_mean_difference(a, b, draws)
-    words = verdict(mean["p_permutation"], what="paired permutation p", direction=_side(mean["mean_difference"], names))
+    words = verdict(mean["p_permutation"], what="paired permutation p", direction=_side(mean["mean_difference"], names),
+                    at_most=at_floor(mean["p_permutation"], mean["p_permutation_method"]))
     sentence = (f"{names[1]} did better than {names[0]} on {sign['up']} problems and worse on {sign['down']} "
                 f"({sign['ties']} ties; sign test {format_p(sign['p'])}), mean rate difference "
                 f"{mean['mean_difference']:+.1%} [{mean['interval'][0]:+.1%}, {mean['interval'][1]:+.1%}]: {words}")
@@ -304,11 +317,12 @@ def subset_ids(labels: list[dict], name: str) -> set[str]:
     return {r["id"] for r in labels if name == "ALL" or r["population"] == name}
 
 
-def compare_policies(a_dir: str | Path, b_dir: str | Path, labels: list[dict], subset: str | None = None) -> dict:
+def compare_policies(a_dir: str | Path, b_dir: str | Path, labels: list[dict], subset: str | None = None,
+                     names: tuple[str, str] | None = None) -> dict:
     """{"greedy": compare_greedy, "sample": compare_sampled} of two evaluated policies (B = b_dir against A).
 
     a_dir, b_dir: evaluation folders (runs/<preset>/evaluation/<policy>/), named in the sentences
-    by their folder names.  labels: the test labels (evaluate.load_test_labels(phase="scoring")).
+    by `names` (A, B), or by their folder names.  labels: the test labels (evaluate.load_test_labels(phase="scoring")).
     Each mode's predictions are read (evaluate.read_predictions), checked complete with the shared
     seeds (evaluate.check_complete, against each manifest's problems and draws), scored
     (evaluate.score_rows) and, with `subset`, restricted to subset_ids(labels, subset).
@@ -332,7 +346,7 @@ def compare_policies(a_dir: str | Path, b_dir: str | Path, labels: list[dict], s
             evaluate.check_complete(rows, [r["id"] for r in expected], draws, mode, f"{d.name}/{mode}")
             rows = evaluate.score_rows(rows, {r["id"]: r for r in expected})
             scored[(d, mode)] = [r for r in rows if r["problem_id"] in keep]
-    names = (a_dir.name, b_dir.name)
+    names = names or (a_dir.name, b_dir.name)
     return {"greedy": compare_greedy(scored[(a_dir, "greedy")], scored[(b_dir, "greedy")], names),
             "sample": compare_sampled(scored[(a_dir, "sample")], scored[(b_dir, "sample")], draws, names)}
 

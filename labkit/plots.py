@@ -844,7 +844,8 @@ def plot_problem_transitions(tables: dict[str, list[list[int]]], a_name: str, b_
     fig, axes = plt.subplots(1, len(tables), figsize=(3.4 * len(tables), 3.3), squeeze=False)
     for ax, (name, table) in zip(axes[0], tables.items()):
         n = len(table)
-        ax.imshow(table, cmap="Blues", origin="lower")
+        # the darkest cell at mid-blue, so that every count stays readable on its cell
+        ax.imshow(table, cmap="Blues", origin="lower", vmin=0, vmax=2 * max(max(row) for row in table) or 1)
         for i in range(n):
             for j in range(n):
                 colour = "tab:green" if j > i else "tab:red" if j < i else "black"

@@ -318,8 +318,9 @@ def figure_path(out: str | Path = DEFAULT_OUT) -> Path:
 def _large_section(scored: dict) -> list[str]:
     rows = results_table({"policy_order": [LARGE], "policies": {LARGE: scored}})
     return ["## The larger GRPO run", "",
-            "The larger run (`python -m labkit grpo-large`, `labkit.larger_run`) gives GRPO more prompts per "
-            "iteration, a larger group and a rate chosen on the validation split; it is evaluated exactly as the "
+            "The larger run (`python -m labkit grpo-large`, `labkit.larger_run`) is **outside the protocol's "
+            "counts**: it gives GRPO more prompts per iteration, a larger group, more iterations and a rate chosen "
+            "on the validation split (chapter 6, section 6.8); it is evaluated exactly as the "
             f"protocol's policies, into `{LARGE}/evaluation/{LARGE}/`, and its paired comparisons with the warm "
             "start and the protocol's GRPO are rows of the table above.", "",
             markdown_table(rows).rstrip("\n")]

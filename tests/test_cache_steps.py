@@ -10,8 +10,10 @@ def _verdicts(stale: set[str]) -> dict:
 
 
 @pytest.mark.parametrize("stale, expected", [
-    ({"base"}, ["base", "warm_start", "sft", "grpo", "evaluation", "group_size", "reward_model", "format_base"]),
-    ({"warm_start"}, ["warm_start", "sft", "grpo", "evaluation", "group_size", "reward_model"]),
+    ({"base"}, ["base", "warm_start", "sft", "grpo", "evaluation", "group_size", "reward_model", "format_base",
+                "grpo_large"]),
+    ({"warm_start"}, ["warm_start", "sft", "grpo", "evaluation", "group_size", "reward_model", "grpo_large"]),
+    ({"grpo_large"}, ["grpo_large"]),
     ({"grpo"}, ["grpo", "evaluation", "group_size"]),
     ({"sft"}, ["sft", "evaluation", "group_size", "reward_model"]),
     ({"reward_model"}, ["reward_model"]),

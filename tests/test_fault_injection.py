@@ -310,8 +310,9 @@ def test_a_fresh_start_after_stop_after_leaves_no_duplicate_rollouts(tmp_path, l
     assert (folder / "stopped-at-002.json").exists() and not is_finished(folder)
 
     output = launch(folder, "--save-states-at", EVERY_ITERATION).finish()  # from scratch, no --resume-from
-    assert sorted(cut_or_removed(output)) == ["parts.json", "rollouts.jsonl.gz", "states/iter-001.pt.gz",
-                                              "states/iter-002.pt.gz", "stopped-at-002.json", "timings.jsonl"]
+    assert sorted(cut_or_removed(output)) == ["checkpoints.jsonl", "parts.json", "rollouts.jsonl.gz",
+                                              "states/iter-001.pt.gz", "states/iter-002.pt.gz", "stopped-at-002.json",
+                                              "timings.jsonl"]
     assert_equals_continuous(folder, reference)
     assert names(folder, "states/*") == names(reference["folder"], "states/*")
     assert names(folder, "stopped-at-*") == []

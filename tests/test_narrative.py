@@ -92,26 +92,34 @@ def _sampled_rows(counts, draws=4):
     ([1] * 25 + [0] * 5 + [1] * 10, [0] * 30 + [1] * 10),  # B behind, significant
     ([0, 1] * 20, [1, 0] * 3 + [0, 1] * 17),  # 3 gained, 3 lost: not separable
 ])
-def test_paired_sentences_are_paireds_own_under_the_chapters_names(a, b):
+def test_paired_call_reads_the_direction_and_the_test(a, b):
     from labkit import paired
 
     counts_a, counts_b = [4 * x for x in a], [min(4, 4 * x + (k % 2)) for k, x in enumerate(b)]
-    made = {"greedy": paired.compare_greedy(_greedy_rows(a), _greedy_rows(b), ("grpo", "grpo")),
-            "sample": paired.compare_sampled(_sampled_rows(counts_a), _sampled_rows(counts_b), 4, ("grpo", "grpo"))}
     names = ("warm_start", "rft")
     expected = {"greedy": paired.compare_greedy(_greedy_rows(a), _greedy_rows(b), names),
                 "sample": paired.compare_sampled(_sampled_rows(counts_a), _sampled_rows(counts_b), 4, names)}
-    renamed = narrative.paired_sentences(made, names)
-    assert renamed == expected
-    assert made["greedy"]["verdict"].startswith("grpo gained")  # the input is not changed
     for mode, key, gap in (("greedy", "p", expected["greedy"]["gained"] - expected["greedy"]["lost"]),
                            ("sample", "p_permutation", expected["sample"]["mean_difference"])):
-        call = narrative.paired_call(renamed, mode)
+        call = narrative.paired_call(expected, mode)
         if expected[mode][key] >= paired.ALPHA:
-            assert call == "not separable" and "not separable" in renamed[mode]["verdict"]
+            assert call == "not separable" and "not separable" in expected[mode]["verdict"]
         else:
             assert call == ("ahead" if gap > 0 else "behind")
-            assert f"rft {call}, significant at" in renamed[mode]["verdict"]
+            assert f"rft {call}, significant at" in expected[mode]["verdict"]
+
+
+def test_compare_named_names_the_two_sides():
+    from labkit import evaluate
+    from labkit.runs import REPO_ROOT
+
+    root = REPO_ROOT / "runs" / "tiny" / "evaluation"
+    labels = evaluate.load_test_labels(phase="scoring")
+    named = narrative.compare_named(root / "warm_start", root / "grpo", labels, names=("the start", "the run"))
+    plain = narrative.compare_named(root / "warm_start", root / "grpo", labels)
+    assert named["greedy"]["verdict"].startswith("the run gained") and plain["greedy"]["verdict"].startswith("grpo gained")
+    assert {k: v for k, v in named["sample"].items() if k != "verdict"} == \
+        {k: v for k, v in plain["sample"].items() if k != "verdict"}
 
 
 def test_unpaired_rates_are_told_apart_by_the_fisher_exact_test_only():

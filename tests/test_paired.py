@@ -318,3 +318,13 @@ def test_compare_counts_matches_the_row_comparisons():
     end = {"problems": 4, "draws": 4, "greedy_correct": [1, 1, 1, 1], "draws_correct": [1, 2, 3, 4]}
     both = paired.compare_checkpoints(start, end, ("start", "end"))
     assert both["greedy"]["gained"] == 2 and both["sample"]["up"] == 2
+
+
+def test_a_monte_carlo_p_at_its_floor_is_reported_as_a_bound():
+    floor = 2 / (paired.PERMUTATION_RESAMPLES + 1)
+    assert paired.at_floor(floor, "monte carlo, 20000 sign flips") and not paired.at_floor(floor, "exact")
+    assert not paired.at_floor(3 * floor, "monte carlo, 20000 sign flips")
+    assert paired.format_p(floor, at_most=True) == "p <= 1.0e-4"
+    # 40 problems all one draw better: no sign flip is as extreme as the observed sum
+    result = paired.compare_counts([0] * 40, [1] * 40, 4)
+    assert result["p_permutation_method"] != "exact" and "paired permutation p <= 1.0e-4" in result["verdict"]
