@@ -322,10 +322,11 @@ def cmd_grpo_large(args: argparse.Namespace) -> int:
     import torch
 
     from . import larger_run
+    from .runs import is_finished
 
     torch.set_num_threads(args.threads or 1)  # results are recorded with the thread count
     config = larger_run.larger_config(args.preset)
-    if not larger_run.RunFolder(larger_run.run_dir(args.preset)).is_finished() or args.overwrite:
+    if not is_finished(larger_run.run_dir(args.preset)) or args.overwrite:
         out = larger_run.train(args.preset, device=args.device, progress=not args.no_progress,
                                overwrite=args.overwrite)
         print(f"larger GRPO run: {out['rollouts']} rollouts, {out['updates']} updates "
