@@ -32,6 +32,7 @@ def cmd_data(args: argparse.Namespace) -> int:
 BENCHMARKS = {
     "kl": "blocked exact KL against a naive log_softmax + kl_div (time and memory ratios)",
     "sampling": "fast KV-cache sampler against the reference sampler on one GRPO iteration",
+    "grpo": "samplers against generate(), shared-prompt against plain updates, one iteration's breakdown",
 }
 
 

@@ -1,0 +1,284 @@
+"""Benchmark: where one GRPO iteration's time goes, and the faster paths against what a user has.
+
+Everything is measured side by side in this one process, on the tiny preset (the warm start
+when it exists, else the committed base, else a random-init tiny model, said so), so only the
+ratios mean anything on a shared machine.  Each timing is the best of `--repeats`, the methods
+alternating within a repeat so that a change in the machine's load hits them alike.
+
+1. Sampling the 16 rollouts of one iteration (4 prompts x G = 4, temperature 1, at most 64
+   new tokens): the reference sampler (the protocol's, no KV cache), the fast sampler
+   (transformers' forward with its cache), the static sampler (`labkit.static_sampler`) and
+   transformers' own `generate(use_cache=True, do_sample=True)` batched over the same left-
+   padded prompts with the full distribution (top_k=0, top_p=1; it draws from torch's global
+   generator, so its tokens are not the reference's).  Then 16 distinct prompts, greedy,
+   where no prompt is shared.  The static and fast samplers' tokens are compared with the
+   reference sampler's.
+2. The floor: the multiply-adds per generated token, the throughput one decode step of the
+   static sampler reaches, and what this machine's matrix product reaches on large matrices.
+3. The updates' forward and backward, plain (every row its full prompt) against shared-prompt
+   scoring (`labkit.shared_prompt`), on real rollouts at G = 4 and 8, with the bytes each path
+   keeps for the backward pass (its activation memory, counted by a saved-tensors hook).
+4. One real iteration of the loop (`grpo.run_iteration`) in two set-ups, the protocol's
+   (reference sampler, plain scoring) and the fast one (fast sampler, shared scoring), split
+   into generation, reference forward, updates, pre-update check and bookkeeping.
+
+    python -m labkit bench grpo [--threads 1] [--repeats 3] [--quick]
+
+`--quick` is the smoke `make test` runs: 8 new tokens, one repeat, G = 4 only.  Its numbers
+are printed, never asserted as times.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from pathlib import Path
+
+import torch
+
+from .. import grpo, models, sampling, scoring, shared_prompt
+from ..config import TINY
+from ..static_sampler import StaticDecoder, sample_static
+from .sampling import bench_prompts, load_bench_model
+
+WARM_START = models.REPO_ROOT / "runs" / "tiny" / "warm_start" / "model.safetensors"
+
+
+def load_model():
+    """(model, tokenizer, description): the tiny warm start if built, else `bench.sampling`'s choice."""
+    if WARM_START.is_file():
+        model, tokenizer = models.load("tiny", state=WARM_START, device="cpu")
+        return model, tokenizer, f"tiny warm start ({WARM_START.relative_to(models.REPO_ROOT)})"
+    return load_bench_model()
+
+
+def best_of(methods: dict, repeats: int) -> tuple[dict, dict]:
+    """({name: best seconds}, {name: last result}): each repeat runs every method once, the order
+    reversed on every other repeat."""
+    best, results = {name: float("inf") for name in methods}, {}
+    for i in range(repeats):
+        order = list(methods.items())
+        for name, fn in (order if i % 2 == 0 else order[::-1]):
+            start = time.perf_counter()
+            results[name] = fn()
+            best[name] = min(best[name], time.perf_counter() - start)
+    return best, results
+
+
+def generate_rows(model, tokenizer, prompts: list[list[int]], greedy: bool, max_new_tokens: int) -> list[list[int]]:
+    """transformers' batched `generate()` with its KV cache over left-padded prompts; the new ids of each row."""
+    eos, pad = tokenizer.eos_token_id, tokenizer.pad_token_id
+    P = max(len(p) for p in prompts)
+    ids = torch.tensor([[pad] * (P - len(p)) + list(p) for p in prompts])
+    mask = torch.tensor([[0] * (P - len(p)) + [1] * len(p) for p in prompts])
+    sampling_options = dict(do_sample=False) if greedy else dict(do_sample=True, temperature=1.0, top_k=0, top_p=1.0)
+    with torch.no_grad():
+        out = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=max_new_tokens, use_cache=True,
+                             eos_token_id=eos, pad_token_id=pad, **sampling_options)
+    rows = []
+    for row in out[:, P:].tolist():
+        rows.append(row[:row.index(eos) + 1] if eos in row else row)
+    return rows
+
+
+def agreement(reference: list[sampling.Rollout], other: list[sampling.Rollout]) -> str:
+    same = sum(r.response_ids == o.response_ids for r, o in zip(reference, other))
+    return f"{same}/{len(reference)} rollouts token-identical to the reference sampler's"
+
+
+def bench_sampling(model, tokenizer, max_new_tokens: int, repeats: int) -> dict:
+    """Section 1: the four samplers on one iteration's rollouts, then distinct greedy prompts."""
+    problem_ids, prompts = bench_prompts(tokenizer, 16)
+    digest = models.parameter_digest(model)
+    out = {}
+    for case, rows, seeds, greedy in (
+        ("one iteration: 4 prompts x G=4, sampled", [p for p in prompts[:4] for _ in range(4)], list(range(16)), False),
+        ("16 distinct prompts, greedy", prompts, None, True),
+    ):
+        common = dict(greedy=greedy, max_new_tokens=max_new_tokens, policy_digest=digest)
+        torch.manual_seed(0)
+        methods = {
+            "reference": lambda: sampling.sample_reference(model, tokenizer, rows, seeds, **common),
+            "fast": lambda: sampling.sample_fast(model, tokenizer, rows, seeds, **common),
+            "static": lambda: sample_static(model, tokenizer, rows, seeds, **common),
+            "generate()": lambda: generate_rows(model, tokenizer, rows, greedy, max_new_tokens),
+        }
+        for fn in methods.values():  # warm-up: first calls pay one-off costs that are not sampling
+            fn()
+        seconds, results = best_of(methods, repeats)
+        tokens = sum(len(r.response_ids) for r in results["reference"])
+        print(f"\n[1] sampling, {case}: {len(rows)} rollouts, {tokens} tokens (reference sampler's)")
+        for name, s in seconds.items():
+            print(f"    {name:<11} {s:8.3f} s   {tokens / s:8.0f} tokens/s")
+        print(f"    static is {seconds['generate()'] / seconds['static']:.2f}x generate(), "
+              f"{seconds['reference'] / seconds['static']:.2f}x the reference sampler, "
+              f"{seconds['fast'] / seconds['static']:.2f}x the fast sampler; "
+              f"fast is {seconds['generate()'] / seconds['fast']:.2f}x generate()")
+        print(f"    static: {agreement(results['reference'], results['static'])}; "
+              f"fast: {agreement(results['reference'], results['fast'])}")
+        out[case] = {"seconds": seconds, "tokens": tokens,
+                     "static_identical": sum(r.response_ids == s.response_ids
+                                             for r, s in zip(results["reference"], results["static"])),
+                     "rollouts": len(rows)}
+    return out
+
+
+def multiply_adds_per_token(model, context: int) -> int:
+    """Multiply-adds of one new token: every weight matrix once (the head included, the embedding
+    lookup not), plus attention's q.k and weights.v over `context` cached positions."""
+    config = model.config
+    matrices = sum(p.numel() for name, p in model.named_parameters() if name.endswith("proj.weight"))
+    head = model.lm_head.weight.numel()
+    head_dim = config.hidden_size // config.num_attention_heads
+    attention = 2 * config.num_hidden_layers * config.num_attention_heads * head_dim * context
+    return matrices + head + attention
+
+
+def bench_floor(model, repeats: int) -> dict:
+    """Section 2: the arithmetic of one token against what one decode step and a large matmul reach."""
+    B, context = 16, 72
+    decoder = StaticDecoder(model, B, context + 8)
+    with torch.no_grad():
+        decoder.prefill(torch.zeros((B, context), dtype=torch.long), torch.ones((B, context), dtype=torch.bool))
+        step_times = []
+        for _ in range(max(3, repeats * 2)):
+            start = time.perf_counter()
+            decoder.step(torch.zeros(B, dtype=torch.long))
+            step_times.append(time.perf_counter() - start)
+        a, b = torch.randn(1024, 1024), torch.randn(1024, 1024)
+        a @ b
+        start = time.perf_counter()
+        a @ b
+        matmul_s = time.perf_counter() - start
+    macs = multiply_adds_per_token(model, context)
+    step = min(step_times)
+    step_rate, peak_rate = 2 * macs * B / step, 2 * 1024 ** 3 / matmul_s
+    floor = 2 * macs * B / peak_rate
+    print(f"\n[2] the floor: {macs / 1e6:.2f} M multiply-adds per token ({2 * macs / 1e6:.2f} MFLOP) at a "
+          f"{context}-token context")
+    print(f"    one static decode step of {B} rows: {step * 1e3:.2f} ms = {step_rate / 1e9:.2f} GFLOP/s; "
+          f"a 1024x1024 matmul here: {peak_rate / 1e9:.1f} GFLOP/s, so the arithmetic alone needs "
+          f"{floor * 1e3:.3f} ms ({step / floor:.0f}x less than the step: at this size a step is "
+          "per-operation overhead, not arithmetic)")
+    return {"macs_per_token": macs, "step_s": step, "step_gflops": step_rate / 1e9, "matmul_gflops": peak_rate / 1e9}
+
+
+class SavedBytes:
+    """Bytes of the tensors autograd keeps for the backward pass while active (each storage once)."""
+
+    def __init__(self):
+        self.storages = {}
+
+    def pack(self, tensor):
+        storage = tensor.untyped_storage()
+        self.storages[storage.data_ptr()] = storage.nbytes()
+        return tensor
+
+    @property
+    def total(self) -> int:
+        return sum(self.storages.values())
+
+
+def saved_bytes(fn) -> int:
+    meter = SavedBytes()
+    with torch.autograd.graph.saved_tensors_hooks(meter.pack, lambda t: t):
+        fn()
+    return meter.total
+
+
+def bench_updates(model, tokenizer, group_sizes: tuple[int, ...], max_new_tokens: int, repeats: int) -> dict:
+    """Section 3: plain against shared-prompt forward + backward on real rollouts."""
+    _, prompts = bench_prompts(tokenizer, 4)
+    pad = tokenizer.pad_token_id
+    out = {}
+    for G in group_sizes:
+        rows = [p for p in prompts for _ in range(G)]
+        rollouts = sample_static(model, tokenizer, rows, list(range(len(rows))), max_new_tokens=max_new_tokens,
+                                 policy_digest="bench")
+        responses = [r.response_ids for r in rollouts]
+        report = shared_prompt.benchmark(model, prompts, responses, G, pad, repeats=repeats)
+        batch = scoring.make_batch(rows, responses, pad)
+        mask = batch.response_mask.float()
+        memory = {
+            "plain": saved_bytes(lambda: shared_prompt._example_loss(
+                *scoring.response_logprobs(model, batch, return_logits=True), mask)),
+            "shared": saved_bytes(lambda: shared_prompt._example_loss(
+                *shared_prompt.shared_response_logprobs(model, prompts, responses, G, pad, return_logits=True), mask)),
+        }
+        model.zero_grad(set_to_none=True)
+        tokens = sum(len(p) + len(r) for p, r in zip(rows, responses))
+        print(f"\n[3] updates' forward + backward, G={G}: {len(rows)} rows, {tokens} tokens "
+              f"(prompts {sum(map(len, rows))}, responses {sum(map(len, responses))})")
+        print(f"    plain  {report['plain_s']:7.3f} s   {tokens / report['plain_s']:8.0f} tokens/s   "
+              f"saved for backward {memory['plain'] / 2**20:7.1f} MiB")
+        print(f"    shared {report['shared_s']:7.3f} s   {tokens / report['shared_s']:8.0f} tokens/s   "
+              f"saved for backward {memory['shared'] / 2**20:7.1f} MiB")
+        print(f"    shared is {report['ratio']:.2f}x the plain path, with {memory['plain'] / memory['shared']:.2f}x "
+              f"less activation memory; log-probs agree within {report['max_abs_logp_diff']:.1e}")
+        out[G] = {**report, "saved_bytes": memory}
+    return out
+
+
+def bench_iteration(max_new_tokens: int, start_file: Path) -> dict:
+    """Section 4: one real iteration of the loop, the protocol's set-up against the fast one."""
+    config = TINY.with_overrides(max_response_tokens=max_new_tokens)
+    out = {}
+    for name, sampler, shared in (("protocol (reference sampler, plain)", "reference", False),
+                                  ("fast sampler, shared-prompt scoring", "fast", True)):
+        loop = grpo.start_loop(config, config.group_size, 1, start_file, sampler, "cpu", shared_prompts=shared)
+        record, rows, timings = grpo.run_iteration(loop, 0, sampler)
+        # the reference forward alone, on the same batch, to split "optimisation" into its parts
+        prompts = [loop.prompts[r["problem_id"]] for r in rows]
+        responses = [r["response_ids"] for r in rows]
+        batch = scoring.make_batch(prompts, responses, loop.tokenizer.pad_token_id)
+        score = (grpo.shared_prompt_scorer(prompts, responses, loop.G, loop.tokenizer.pad_token_id) if shared
+                 else grpo.plain_scorer(batch))
+        start = time.perf_counter()
+        grpo.reference_scores(loop.reference, batch, score)
+        reference_s = time.perf_counter() - start
+        parts = {"generation": timings["generation"], "reference": reference_s,
+                 "updates": timings["optimisation"] - reference_s, "check": timings["logprob_check"]}
+        parts["bookkeeping"] = timings["iteration_total"] - sum(parts.values())
+        generated = sum(len(r) for r in responses)
+        scored = sum(len(p) + len(r) for p, r in zip(prompts, responses))
+        print(f"\n[4] one iteration, {name}: {timings['iteration_total']:.3f} s")
+        for part, s in parts.items():
+            rate = {"generation": f"{generated / s:8.0f} generated tokens/s",
+                    "updates": f"{scored * loop.updates_per_iteration / s:8.0f} scored tokens/s"}.get(part, "")
+            print(f"    {part:<12} {s:7.3f} s  {rate}")
+        out[name] = {"total": timings["iteration_total"], **parts}
+    first, second = out.values()
+    print(f"    the fast set-up's iteration is {first['total'] / second['total']:.2f}x the protocol's")
+    return out
+
+
+def run(argv: list[str] | None = None) -> dict:
+    """Parse the options, run the four sections (printing as they go) and return their figures."""
+    parser = argparse.ArgumentParser(prog="python -m labkit bench grpo", description=__doc__.splitlines()[0])
+    parser.add_argument("--threads", type=int, default=1,
+                        help="torch CPU threads (default: %(default)s; 0 keeps torch's own setting)")
+    parser.add_argument("--repeats", type=int, default=3, help="timings keep the best of this many (default: %(default)s)")
+    parser.add_argument("--max-new-tokens", type=int, default=scoring.MAX_RESPONSE_TOKENS,
+                        help="response limit (default: %(default)s, the protocol's)")
+    parser.add_argument("--quick", action="store_true",
+                        help="the smoke test's size: 8 new tokens, one repeat, G=4 only")
+    args = parser.parse_args(argv)
+    if args.threads < 0 or args.repeats < 1:
+        parser.error(f"--threads {args.threads} / --repeats {args.repeats}: threads >= 0, repeats >= 1")
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    max_new_tokens, repeats = (8, 1) if args.quick else (args.max_new_tokens, args.repeats)
+    model, tokenizer, description = load_model()
+    print(f"model: {description}; {torch.get_num_threads()} torch thread(s); at most {max_new_tokens} new tokens; "
+          f"best of {repeats}")
+    report = {"sampling": bench_sampling(model, tokenizer, max_new_tokens, repeats),
+              "floor": bench_floor(model, repeats),
+              "updates": bench_updates(model, tokenizer, (4,) if args.quick else (4, 8), max_new_tokens, repeats)}
+    start_file = WARM_START if WARM_START.is_file() else models.TINY_BASE_STATE
+    report["iteration"] = bench_iteration(max_new_tokens, start_file)
+    return report
+
+
+def main(argv: list[str] | None = None) -> int:
+    run(argv)
+    return 0

@@ -1,0 +1,44 @@
+"""`python -m labkit bench grpo --quick` runs end to end (the smoke `make test` asks for).
+
+Its times are printed, never asserted; what is asserted is what the benchmark claims beside
+them: the static sampler's tokens equal the reference sampler's, the shared-prompt path's
+log-probs equal the plain path's within float32 rounding and keep less for the backward pass,
+and one iteration's parts add up to its total.
+"""
+
+import pytest
+
+from labkit.bench import grpo as bench
+
+
+@pytest.fixture(scope="module")
+def report():
+    return bench.run(["--quick"])
+
+
+def test_the_static_sampler_agrees_with_the_reference_in_both_cases(report):
+    for case in report["sampling"].values():
+        assert case["static_identical"] == case["rollouts"] == 16
+        assert set(case["seconds"]) == {"reference", "fast", "static", "generate()"}
+        assert all(s > 0 for s in case["seconds"].values())
+
+
+def test_shared_prompt_updates_agree_and_keep_less_for_backward(report):
+    (G, updates), = report["updates"].items()
+    assert G == 4 and updates["max_abs_logp_diff"] <= 5e-5
+    assert updates["saved_bytes"]["shared"] < updates["saved_bytes"]["plain"]
+
+
+def test_the_floor_counts_the_tiny_models_multiply_adds(report):
+    # 4 layers x (q 128x128 + k, v 128x64 each + o 128x128 + MLP 3 x 128x512) + head 512x128,
+    # plus attention: 2 x 4 layers x 4 heads x 32 x 72 positions
+    per_layer = 128 * 128 + 2 * 128 * 64 + 128 * 128 + 3 * 128 * 512
+    assert report["floor"]["macs_per_token"] == 4 * per_layer + 512 * 128 + 2 * 4 * 4 * 32 * 72
+
+
+def test_an_iterations_parts_add_up_to_its_total(report):
+    assert len(report["iteration"]) == 2
+    for parts in report["iteration"].values():
+        assert sum(parts[k] for k in ("generation", "reference", "updates", "check", "bookkeeping")) \
+            == pytest.approx(parts["total"], rel=1e-9)
+        assert min(parts[k] for k in ("generation", "reference", "updates")) > 0
