@@ -69,8 +69,8 @@ student-book: $(STAMP) $(MATHJAX_STAMP)  ## build the student book (no solutions
 student: $(STAMP)  ## write the student copies of every chapter (solutions stubbed) into student/
 	$(PY) -m labkit student --out student/
 
-unit: $(STAMP)  ## unit tests only
-	$(PY) -m pytest -q tests
+unit: $(STAMP)  ## unit tests only, on both cores
+	$(PY) -m pytest -q -n 2 --dist loadfile tests
 
 notebooks: $(STAMP)  ## re-execute every chapter and compare with its stored outputs (nbval)
 	$(PY) -m pytest -q --nbval --nbval-current-env notebooks
@@ -80,17 +80,13 @@ notebooks: $(STAMP)  ## re-execute every chapter and compare with its stored out
 notebooks-portable: $(STAMP)  ## nbval again with PyTorch's portable kernels (ATEN_CPU_CAPABILITY=default)
 	ATEN_CPU_CAPABILITY=default $(PY) -m pytest -q --nbval --nbval-current-env notebooks
 
-# The portable pass skips the tests marked native_only (kills and resumes compared with the same
-# process family, the 2-layer qwen-size smoke): they compare nothing stored, and they are a third
-# of the unit tests' time.
-test: $(STAMP)  ## unit tests and nbval, each under native and portable kernels, both books and their browser check
-	$(PY) -m pytest -q tests
-	ATEN_CPU_CAPABILITY=default $(PY) -m pytest -q -m "not native_only" tests
-	$(MAKE) notebooks
-	$(MAKE) notebooks-portable
-	$(MAKE) book
-	$(MAKE) student-book
-	$(MAKE) browser-check
+# The phases run two at a time where they are independent (tests/phases.py, which prints each
+# phase's wall time and peak memory at the end): the unit tests on both cores (pytest-xdist), then
+# nbval under the native and the portable kernels side by side, then the unit tests marked
+# `portable` (they compare stored values or two implementations, tests/conftest.py) under the
+# portable kernels, then both books side by side, then the browser check.
+test: $(STAMP)  ## unit tests and nbval under native and portable kernels, both books and their browser check
+	$(PY) tests/phases.py
 
 cache: $(STAMP)  ## rebuild the stale steps of the cached tiny run, then the results page and the chapters' outputs
 	$(PY) -m labkit all --preset tiny --rebuild-stale --threads 1

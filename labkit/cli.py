@@ -134,12 +134,20 @@ def cmd_grpo(args: argparse.Namespace) -> int:
     import torch
 
     from . import grpo
+    from .config import get_preset
 
     if args.threads is not None:
         torch.set_num_threads(args.threads)  # results are recorded with the thread count
     stop_at = tuple(int(x) for x in args.save_states_at.split(",") if x) if args.save_states_at else ()
+    config = get_preset(args.preset)
+    curves = {k: v for k, v in (("checkpoint_every", args.checkpoint_every),
+                                ("checkpoint_problems", args.checkpoint_problems)) if v is not None}
+    for name, value in curves.items():
+        if value < (0 if name == "checkpoint_every" else 1):
+            raise ValueError(f"--{name.replace('_', '-')} {value}: must be at least "
+                             f"{0 if name == 'checkpoint_every' else 1}")
     out = grpo.run_grpo(
-        args.preset, args.run_dir, group_size=args.group_size, iterations=args.iterations,
+        config.with_overrides(**curves) if curves else config, args.run_dir, group_size=args.group_size, iterations=args.iterations,
         stop_after=args.stop_after, save_states_at=stop_at, resume_from=args.resume_from, sampler=args.sampler,
         device=args.device, overwrite=args.overwrite, progress=not args.no_progress,
         shared_prompts=args.scoring == "shared",
@@ -414,6 +422,11 @@ def _add_training_commands(sub) -> None:
     p.add_argument("--scoring", default="plain", choices=["plain", "shared"],
                    help="plain: one forward per full row (the protocol's); shared: each prompt computed once for "
                         "its G responses, equal within float32 rounding (default: %(default)s)")
+    p.add_argument("--checkpoint-every", type=int, default=None,
+                   help="fixed-prompt curves every N iterations, 0 for none (default: the preset's 10; another "
+                        "value makes another run: it is part of the config's fingerprint)")
+    p.add_argument("--checkpoint-problems", type=int, default=None,
+                   help="fixed validation problems the curves measure (default: the preset's 64)")
     p.set_defaults(func=cmd_grpo)
 
     p = sub.add_parser("grpo-resume-check", help="GRPO: stop, resume in a fresh process, compare with the continuous run")

@@ -1,6 +1,7 @@
 """The GRPO loop on a random-init tiny model: counts, roles, rollouts file, exact resume."""
 
 import json
+import shutil
 
 import pytest
 import torch
@@ -27,18 +28,26 @@ def run(tmp, start_file, **kw):
     return grpo.run_grpo(SMALL, tmp, group_size=2, iterations=3, start_file=start_file, progress=False, **kw)
 
 
-def test_counts_roles_and_rollout_records(tmp_path, start_file):
-    manifest = run(tmp_path / "run", start_file)
+@pytest.fixture(scope="module")
+def continuous(tmp_path_factory, start_file):
+    """(folder, manifest) of the plain 3-iteration run, built once for the module: tests read it and
+    compare with it; a test that changes a file works on a copy."""
+    folder = tmp_path_factory.mktemp("continuous") / "run"
+    return folder, run(folder, start_file)
+
+
+def test_counts_roles_and_rollout_records(continuous):
+    folder, manifest = continuous
     # 3 iterations x 4 prompts x G=2 = 24 rollouts, 3 x 2 = 6 updates
     assert manifest["rollouts"] == 24 and manifest["updates"] == 6
     assert manifest["reference_digest"] == manifest["identity"]["start_digest"]
     assert manifest["final_digest"] != manifest["reference_digest"], "6 updates' worth of lr must move the policy"
-    rows = grpo.read_rollouts(tmp_path / "run")
+    rows = grpo.read_rollouts(folder)
     assert len(rows) == 24 and len({r["rollout_id"] for r in rows}) == 24
     for key in ("rollout_id", "iteration", "problem_id", "response_ids", "text", "finish_reason",
                 "tokenization_valid", "old_logprobs", "reward", "advantage"):
         assert key in rows[0]
-    history = json.loads((tmp_path / "run" / "history.json").read_text())
+    history = json.loads((folder / "history.json").read_text())
     assert [h["iteration"] for h in history] == [1, 2, 3]
     assert all(len(h["updates"]) == 2 for h in history)
     # the pool never includes a warm-start problem, and prompts are not repeated within the epoch
@@ -53,40 +62,39 @@ def test_counts_roles_and_rollout_records(tmp_path, start_file):
             assert [r["advantage"] for r in group] == pytest.approx(expected, abs=0)
 
 
-def test_finished_run_is_never_overwritten(tmp_path, start_file):
-    run(tmp_path / "run", start_file)
+def test_finished_run_is_never_overwritten(continuous, start_file):
+    folder, _ = continuous
     with pytest.raises(FileExistsError, match="never overwritten"):
-        run(tmp_path / "run", start_file)
+        run(folder, start_file)
 
 
-def test_stop_and_resume_equals_continuous(tmp_path, start_file):
-    run(tmp_path / "continuous", start_file)
+def test_stop_and_resume_equals_continuous(tmp_path, start_file, continuous):
+    folder, _ = continuous
     stopped = run(tmp_path / "stop", start_file, stop_after=1)
     assert stopped["iterations_run"] == [0, 1]
     run(tmp_path / "resume", start_file, resume_from=grpo.state_path(tmp_path / "stop", 1))
-    a, _ = state_lib.load_state(grpo.state_path(tmp_path / "continuous", 3))
+    a, _ = state_lib.load_state(grpo.state_path(folder, 3))
     b, _ = state_lib.load_state(grpo.state_path(tmp_path / "resume", 3))
     report = state_lib.compare_states(a, b)
     assert report["equal"], report["different_fields"]
     resumed = grpo.read_rollouts(tmp_path / "resume")
-    continuous = [r for r in grpo.read_rollouts(tmp_path / "continuous") if r["iteration"] > 1]
-    assert resumed == continuous
+    assert resumed == [r for r in grpo.read_rollouts(folder) if r["iteration"] > 1]
     # the resumed folder measures its own iterations' checkpoints, equal to the continuous run's
-    curves = grpo.read_checkpoints(tmp_path / "continuous")
+    curves = grpo.read_checkpoints(folder)
     assert [c["iteration"] for c in curves] == [0, 1, 2, 3]
     assert grpo.read_checkpoints(tmp_path / "resume") == curves[2:]
 
 
-def test_checkpoint_curves_change_no_weight_and_no_rollout(tmp_path, start_file):
+def test_checkpoint_curves_change_no_weight_and_no_rollout(tmp_path, start_file, continuous):
     """The curves sample with seeds of their own and train nothing: the same run without them ends
     in the same weights, bit for bit, with the same rollouts."""
-    with_curves = run(tmp_path / "with", start_file)
+    folder, with_curves = continuous
     without = grpo.run_grpo(SMALL.with_overrides(checkpoint_every=0), tmp_path / "without", group_size=2,
                             iterations=3, start_file=start_file, progress=False)
     assert with_curves["final_digest"] == without["final_digest"]
-    assert grpo.read_rollouts(tmp_path / "with") == grpo.read_rollouts(tmp_path / "without")
+    assert grpo.read_rollouts(folder) == grpo.read_rollouts(tmp_path / "without")
     assert grpo.read_checkpoints(tmp_path / "without") == []
-    curves = grpo.read_checkpoints(tmp_path / "with")
+    curves = grpo.read_checkpoints(folder)
     start = curves[0]
     assert start["iteration"] == 0 and start["kl"] == 0.0, "at the start the policy is the reference"
     assert len(start["greedy_correct"]) == len(start["draws_correct"]) == 6
@@ -137,15 +145,15 @@ def test_prompt_order_crosses_epochs_deterministically():
     assert c.take(4) == first[3:7]
 
 
-def test_a_killed_run_resumed_in_place_keeps_every_rollout_once(tmp_path, start_file):
+def test_a_killed_run_resumed_in_place_keeps_every_rollout_once(tmp_path, start_file, continuous):
     """States at 1 and 2 of 3; the process dies after the iteration-2 state (as kill -9 would:
     nothing after it is written); resuming in the same folder gives the continuous run's rollouts."""
-    continuous = run(tmp_path / "continuous", start_file)
+    continuous_folder, continuous = continuous
     folder = tmp_path / "killed"
     run(folder, start_file, stop_after=2, save_states_at=(1,))
     assert len(grpo.read_rollouts(folder)) == 16  # written with the states, not at the end
     resumed = run(folder, start_file, resume_from=grpo.state_path(folder, 2))
-    assert grpo.read_rollouts(folder) == grpo.read_rollouts(tmp_path / "continuous")
+    assert grpo.read_rollouts(folder) == grpo.read_rollouts(continuous_folder)
     assert resumed["final_digest"] == continuous["final_digest"] and resumed["rollouts"] == 24
 
 
@@ -162,9 +170,8 @@ def test_a_fresh_start_in_an_unfinished_folder_leaves_no_old_rollouts(tmp_path, 
     assert sorted(ledger["files"]) == ["history.json", "model.safetensors", "states/iter-003.pt.gz"]
 
 
-def test_a_file_the_ledger_does_not_list_is_ignored_and_a_changed_part_refused(tmp_path, start_file):
-    folder = tmp_path / "run"
-    run(folder, start_file)
+def test_a_file_the_ledger_does_not_list_is_ignored_and_a_changed_part_refused(tmp_path, continuous):
+    folder = shutil.copytree(continuous[0], tmp_path / "run")  # a copy: this test changes a part
     # a stray copy beside the real part (what globbing readers once merged) is not part of the run
     (folder / "rollouts-old.jsonl.gz").write_bytes((folder / "rollouts.jsonl.gz").read_bytes())
     assert len(grpo.read_rollouts(folder)) == 24
@@ -175,19 +182,17 @@ def test_a_file_the_ledger_does_not_list_is_ignored_and_a_changed_part_refused(t
         grpo.read_rollouts(folder)
 
 
-def test_the_rollouts_of_a_resumed_run_are_byte_identical_to_the_continuous_run(tmp_path, start_file):
-    run(tmp_path / "continuous", start_file)
+def test_the_rollouts_of_a_resumed_run_are_byte_identical_to_the_continuous_run(tmp_path, start_file, continuous):
     folder = tmp_path / "killed"
     run(folder, start_file, stop_after=2, save_states_at=(1,))
     run(folder, start_file, resume_from=grpo.state_path(folder, 1))  # back to iteration 1: 2 is redone
-    assert (folder / "rollouts.jsonl.gz").read_bytes() == (tmp_path / "continuous" / "rollouts.jsonl.gz").read_bytes()
+    assert (folder / "rollouts.jsonl.gz").read_bytes() == (continuous[0] / "rollouts.jsonl.gz").read_bytes()
     assert [t["iteration"] for t in grpo.read_timings(folder)] == [1, 2, 3]
 
 
-def test_a_finished_run_named_through_a_missing_folder_is_still_refused(tmp_path, start_file):
-    run(tmp_path / "run", start_file)
+def test_a_finished_run_named_through_a_missing_folder_is_still_refused(continuous, start_file):
     with pytest.raises(FileExistsError, match="never overwritten"):
-        run(tmp_path / "run" / "nowhere" / "..", start_file)
+        run(continuous[0] / "nowhere" / "..", start_file)
 
 
 def test_a_corrupted_start_file_is_refused(tmp_path, start_file):
@@ -228,31 +233,30 @@ def test_a_state_with_a_flipped_bit_is_refused_by_its_ledger(tmp_path, start_fil
         run(folder, start_file, resume_from=state)
 
 
-def test_a_link_to_a_finished_run_is_refused(tmp_path, start_file):
-    run(tmp_path / "run", start_file)
-    (tmp_path / "link").symlink_to(tmp_path / "run")
+def test_a_link_to_a_finished_run_is_refused(tmp_path, start_file, continuous):
+    (tmp_path / "link").symlink_to(continuous[0])
     with pytest.raises(FileExistsError, match="never overwritten"):
         run(tmp_path / "link", start_file)
 
 
-def test_shared_prompt_scoring_trains_the_same_policy_within_rounding(tmp_path, start_file):
+def test_shared_prompt_scoring_trains_the_same_policy_within_rounding(tmp_path, start_file, continuous):
     """The shared-prompt path computes each prompt once per group: the same rollouts at iteration 1,
     the pre-update check within its tolerance, and weights within float32 rounding after 6 updates."""
-    plain = run(tmp_path / "plain", start_file)
+    plain_folder, plain = continuous
     shared = run(tmp_path / "shared", start_file, shared_prompts=True)
     assert shared["identity"]["scoring"] == "shared_prompt" and "scoring" not in plain["identity"]
     first = lambda folder: [r for r in grpo.read_rollouts(folder) if r["iteration"] == 1]  # noqa: E731
-    assert [r["response_ids"] for r in first(tmp_path / "plain")] == [r["response_ids"] for r in first(tmp_path / "shared")]
+    assert [r["response_ids"] for r in first(plain_folder)] == [r["response_ids"] for r in first(tmp_path / "shared")]
     history = json.loads((tmp_path / "shared" / "history.json").read_text())
     assert max(h["logprob_check/max_abs_diff"] for h in history) <= SMALL.logprob_check_tol
     # the first update sees the same weights and rollouts: its loss and gradient norm agree to rounding
-    first_plain = json.loads((tmp_path / "plain" / "history.json").read_text())[0]["updates"][0]
+    first_plain = json.loads((plain_folder / "history.json").read_text())[0]["updates"][0]
     assert history[0]["updates"][0]["loss"] == pytest.approx(first_plain["loss"], abs=1e-6)
     assert history[0]["updates"][0]["grad_norm"] == pytest.approx(first_plain["grad_norm"], rel=1e-4)
     # later updates: AdamW divides by sqrt(v), so a rounding-level gradient near 0 can flip a step's
     # sign; the weights stay close relative to how far the 6 updates moved them
     start, _ = models.load("tiny", state=start_file)
-    a, _ = models.load("tiny", state=tmp_path / "plain" / "model.safetensors")
+    a, _ = models.load("tiny", state=plain_folder / "model.safetensors")
     b, _ = models.load("tiny", state=tmp_path / "shared" / "model.safetensors")
     norm = lambda pairs: sum(float((x - y).pow(2).sum()) for x, y in pairs) ** 0.5  # noqa: E731
     gap = norm(zip(a.parameters(), b.parameters()))

@@ -247,7 +247,6 @@ def scored_by_hand(policy: str, mode: str, labels: dict) -> dict[tuple[str, int]
                                                          r["tokenization_valid"]).reward for r in rows}
 
 
-@pytest.mark.skipif(not (EVAL / "results.json").is_file(), reason="the cached tiny evaluation is not built")
 def test_warm_start_against_grpo_on_the_committed_evaluation():
     labels = data.open_records("labels", "test", "scoring")
     by_id = {r["id"]: r for r in labels}

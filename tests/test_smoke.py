@@ -17,8 +17,6 @@ from labkit.runs import read_json
 from labkit.sampling import decode_response
 from labkit.schedule import schedule_values
 
-pytestmark = pytest.mark.native_only  # one run of the 2-layer smoke, under the native kernels (Makefile)
-
 LAYERS = 2
 
 

@@ -1,0 +1,164 @@
+"""Run `make test`'s phases, two at a time where they are independent, and print their wall times and memory.
+
+    python tests/phases.py [--only NAME ...] [--list]
+
+A student's laptop has two cores; most phases are one process on one core, so independent
+phases run side by side (each group below starts together and the next group waits for it).
+Each phase's output goes to _build/test-logs/<name>.log; a failing phase's last lines are
+printed, and the run stops after the group that failed, exiting with the first failing code.
+
+Memory: while a group runs, the proportional set sizes (Pss: resident memory, a page shared by
+several processes counted once between them) of every process under this one are summed every
+0.2 s; a phase's peak is the largest sum seen over its own processes, the group's peak the
+largest sum over all of them.  A spike shorter than the interval can be missed; `ru_maxrss`
+(the largest single process's resident peak, from the kernel) is printed beside it as a check.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import resource
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+PY = str(ROOT / ".venv" / "bin" / "python") if (ROOT / ".venv" / "bin" / "python").exists() else sys.executable
+PORTABLE = {"ATEN_CPU_CAPABILITY": "default"}  # PyTorch's portable kernels: they round differently
+LOGS = ROOT / "_build" / "test-logs"
+
+# (name, command, extra environment); phases in one inner list run side by side.
+GROUPS = [
+    [("prepare", ["make", "--no-print-directory", "setup", "mathjax", "browser"], {})],  # once, before phases share them
+    [("unit", [PY, "-m", "pytest", "-q", "-n", "2", "--dist", "loadfile", "tests"], {})],
+    [("nbval", [PY, "-m", "pytest", "-q", "--nbval", "--nbval-current-env", "notebooks"], {}),
+     ("nbval, portable kernels", [PY, "-m", "pytest", "-q", "--nbval", "--nbval-current-env", "notebooks"], PORTABLE)],
+    [("unit, portable kernels", [PY, "-m", "pytest", "-q", "-n", "2", "--dist", "loadfile", "-m", "portable",
+                                 "tests"], PORTABLE)],
+    [("book", ["make", "--no-print-directory", "book"], {}),
+     ("student book", ["make", "--no-print-directory", "student-book"], {})],
+    [("browser check", ["make", "--no-print-directory", "browser-check"], {})],
+]
+NAMES = [name for group in GROUPS for name, _, _ in group]
+
+
+def _children() -> dict[int, list[int]]:
+    """{parent pid: [child pids]} of every process visible in /proc."""
+    tree: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            stat = Path(f"/proc/{entry}/stat").read_text()
+        except OSError:
+            continue
+        parent = int(stat.rsplit(")", 1)[1].split()[1])  # the field after the state letter
+        tree.setdefault(parent, []).append(int(entry))
+    return tree
+
+
+def _memory_bytes(pid: int) -> int:
+    """The process's proportional set size (Pss: its private pages, plus its share of pages it shares
+    with others, such as torch's libraries), so that a sum over processes counts each page once."""
+    try:
+        for line in Path(f"/proc/{pid}/smaps_rollup").read_text().splitlines():
+            if line.startswith("Pss:"):
+                return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return 0
+
+
+def tree_rss(root: int, tree: dict[int, list[int]]) -> int:
+    """Resident bytes of `root` and all its descendants."""
+    total, stack = 0, [root]
+    while stack:
+        pid = stack.pop()
+        total += _memory_bytes(pid)
+        stack.extend(tree.get(pid, ()))
+    return total
+
+
+def run_group(group, interval: float = 0.2) -> list[dict]:
+    """Start the group's phases together, sample their memory until all end; one result per phase."""
+    LOGS.mkdir(parents=True, exist_ok=True)
+    running = []
+    for name, command, extra in group:
+        log = open(LOGS / f"{name.replace(', ', '-').replace(' ', '-')}.log", "w")
+        start = time.perf_counter()
+        process = subprocess.Popen(command, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT,
+                                   env={**os.environ, **extra})
+        running.append(dict(name=name, process=process, log=log, start=start, peak=0, seconds=None))
+    group_peak = 0
+    while any(r["seconds"] is None for r in running):
+        tree = _children() if sys.platform.startswith("linux") else {}
+        total = 0
+        for r in running:
+            if r["seconds"] is None:
+                if r["process"].poll() is not None:
+                    r["seconds"] = time.perf_counter() - r["start"]
+                    r["log"].close()
+                    continue
+                rss = tree_rss(r["process"].pid, tree)
+                r["peak"], total = max(r["peak"], rss), total + rss
+        group_peak = max(group_peak, total)
+        time.sleep(interval)
+    for r in running:
+        r["code"], r["group_peak"] = r["process"].returncode, group_peak
+    return running
+
+
+def tail(path: Path, lines: int = 40) -> str:
+    return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+
+
+def summary_line(path: Path) -> str:
+    """pytest's last line ("N passed in ..."), or make's last line."""
+    text = [line for line in path.read_text(errors="replace").splitlines() if line.strip()]
+    return text[-1].strip("= ") if text else ""
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--only", nargs="+", choices=NAMES, metavar="NAME", help=f"run only these phases: {NAMES}")
+    parser.add_argument("--list", action="store_true", help="print the phases and their commands, run nothing")
+    args = parser.parse_args(argv)
+    groups = [[p for p in group if not args.only or p[0] in args.only] for group in GROUPS]
+    groups = [g for g in groups if g]
+    if args.list:
+        for i, group in enumerate(groups, 1):
+            for name, command, extra in group:
+                env = " ".join(f"{k}={v}" for k, v in extra.items())
+                print(f"group {i}: {name:<26} {env + ' ' if env else ''}{' '.join(command)}")
+        return 0
+    began, results, code = time.perf_counter(), [], 0
+    for group in groups:
+        names = " and ".join(name for name, _, _ in group)
+        print(f"make test: {names} ...", flush=True)
+        done = run_group(group)
+        results += done
+        for r in done:
+            log = Path(r["log"].name)
+            verdict = "ok" if r["code"] == 0 else f"FAILED (exit {r['code']})"
+            print(f"  {r['name']}: {verdict} in {r['seconds']:.0f} s: {summary_line(log)}", flush=True)
+            if r["code"] != 0:
+                print(f"--- last lines of {log.relative_to(ROOT)} ---\n{tail(log)}\n---", flush=True)
+                code = code or r["code"]
+        if code:
+            break
+    wall = time.perf_counter() - began
+    largest = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss * 1024  # kilobytes on Linux
+    print(f"\n{'phase':<28}{'wall s':>8}{'peak GiB':>10}{'its group, peak GiB':>21}")
+    for r in results:
+        print(f"{r['name']:<28}{r['seconds']:>8.0f}{r['peak'] / 2**30:>10.2f}{r['group_peak'] / 2**30:>21.2f}")
+    print(f"{'make test':<28}{wall:>8.0f}{max(r['group_peak'] for r in results) / 2**30:>10.2f}"
+          f"   (largest single process: {largest / 2**30:.2f} GiB)")
+    print("make test: " + ("passed" if code == 0 else "FAILED"), flush=True)
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())
