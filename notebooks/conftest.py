@@ -1,0 +1,27 @@
+"""nbval's kernels start one at a time across processes.
+
+`make test` runs nbval twice side by side (native and portable kernels).  A kernel's ports are
+chosen free by its parent, then bound by the kernel a moment later; two processes choosing at
+the same moment can pick the same port, and the second kernel then dies before it replies
+("Kernel died before replying to kernel_info").  An OS lock held from choosing the ports until
+the kernel is ready closes that window; the kernel releases nothing else, and a process that
+dies drops its lock.
+"""
+
+import fcntl
+import tempfile
+from pathlib import Path
+
+import nbval.kernel
+
+_start_new_kernel = nbval.kernel.start_new_kernel
+LOCK = Path(tempfile.gettempdir()) / "labkit-nbval-kernel-start.lock"
+
+
+def start_new_kernel_alone(*args, **kwargs):
+    with open(LOCK, "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        return _start_new_kernel(*args, **kwargs)
+
+
+nbval.kernel.start_new_kernel = start_new_kernel_alone
