@@ -30,14 +30,18 @@ PY = str(ROOT / ".venv" / "bin" / "python") if (ROOT / ".venv" / "bin" / "python
 PORTABLE = {"ATEN_CPU_CAPABILITY": "default"}  # PyTorch's portable kernels: they round differently
 LOGS = ROOT / "_build" / "test-logs"
 
-# (name, command, extra environment); phases in one inner list run side by side.
+# (name, command, extra environment); phases in one inner list run side by side.  The qwen-size
+# smoke (tests/test_smoke.py, about 3.4 GB at its peak) runs beside the portable-kernel pass, a
+# single process, rather than beside the unit tests' two workers and the processes they start, so
+# that the memory of the whole run stays within a laptop's.
+SMOKE = "tests/test_smoke.py"
 GROUPS = [
     [("prepare", ["make", "--no-print-directory", "setup", "mathjax", "browser"], {})],  # once, before phases share them
-    [("unit", [PY, "-m", "pytest", "-q", "-n", "2", "--dist", "loadfile", "tests"], {})],
+    [("unit", [PY, "-m", "pytest", "-q", "-n", "2", "--dist", "loadfile", f"--ignore={SMOKE}", "tests"], {})],
     [("nbval", [PY, "-m", "pytest", "-q", "--nbval", "--nbval-current-env", "notebooks"], {}),
      ("nbval, portable kernels", [PY, "-m", "pytest", "-q", "--nbval", "--nbval-current-env", "notebooks"], PORTABLE)],
-    [("unit, portable kernels", [PY, "-m", "pytest", "-q", "-n", "2", "--dist", "loadfile", "-m", "portable",
-                                 "tests"], PORTABLE)],
+    [("qwen-size smoke", [PY, "-m", "pytest", "-q", SMOKE], {}),
+     ("unit, portable kernels", [PY, "-m", "pytest", "-q", "-m", "portable", "tests"], PORTABLE)],
     [("book", ["make", "--no-print-directory", "book"], {}),
      ("student book", ["make", "--no-print-directory", "student-book"], {})],
     [("browser check", ["make", "--no-print-directory", "browser-check"], {})],
