@@ -22,6 +22,14 @@ def maximum(logp_cur, logp_old, advantages, clip_eps):
     return torch.maximum(rho * A, torch.clamp(rho, 1 - clip_eps, 1 + clip_eps) * A)
 
 
+def clipped_only(logp_cur, logp_old, advantages, clip_eps):
+    return torch.clamp(torch.exp(logp_cur - logp_old), 1 - clip_eps, 1 + clip_eps) * advantages[:, None]
+
+
+def something_else(logp_cur, logp_old, advantages, clip_eps):
+    return right(logp_cur, logp_old, advantages, clip_eps) + 1.0
+
+
 def detached_rho(logp_cur, logp_old, advantages, clip_eps):
     # Right values, but rho carries no gradient: only the "* logp_cur" trick would.
     rho = torch.exp(logp_cur - logp_old).detach()
@@ -52,7 +60,9 @@ def test_accepts_a_right_answer(capsys):
 
 @pytest.mark.parametrize("wrong, message", [
     (unclipped, "you returned rho A"),
-    (maximum, "the minimum"),
+    (maximum, "take the minimum .*, not the maximum"),
+    (clipped_only, "you returned only the clipped term"),
+    (something_else, r"Hint: min\(rho A, clip"),
     (detached_rho, "did you detach rho"),
     (fixed_eps, "clip_eps = 0.1"),
     (no_gradient, "carries no gradient"),

@@ -24,6 +24,28 @@ def _ch04_reference(log_ratio: float, advantage: float, clip_eps: float):
     return -loss.item(), grad.item()
 
 
+def _ch04_slip(got, clip_eps: float) -> str:
+    """The hint for a wrong objective (5, 9): the usual slip it follows on EVERY token, else the formula.
+
+    One token cannot tell the slips apart (where A > 0 and rho < 1 - eps, the maximum and the
+    clipped term alone are the same number), the whole grid can."""
+    import torch
+
+    rho = torch.tensor(CH04_LOG_RATIOS, dtype=torch.float64).exp()[None, :]  # (1, 9)
+    A = torch.tensor(CH04_ADVANTAGES, dtype=torch.float64)[:, None]  # (5, 1)
+    unclipped, clipped = rho * A, rho.clamp(1 - clip_eps, 1 + clip_eps) * A  # (5, 9) each
+    slips = (
+        (unclipped, "you returned rho A: take the minimum with the clipped term clip(rho, 1-eps, 1+eps) A"),
+        (clipped, "you returned only the clipped term clip(rho, 1-eps, 1+eps) A: take the minimum of it and "
+                  "the unclipped rho A"),
+        (torch.maximum(unclipped, clipped), "take the minimum (the pessimistic term), not the maximum"),
+    )
+    for formula, hint in slips:
+        if torch.allclose(got, formula, rtol=0, atol=1e-9):
+            return hint
+    return "min(rho A, clip(rho, 1 - eps, 1 + eps) A), with rho = exp(logp_cur - logp_old)"
+
+
 def check_ch04_clipped_objective(clipped_objective) -> bool:
     """Grade chapter 4's exercise: `clipped_objective(logp_cur, logp_old, advantages, clip_eps) -> (B, T)`.
 
@@ -61,12 +83,7 @@ def check_ch04_clipped_objective(clipped_objective) -> bool:
                 value, slope = _ch04_reference(x, A, clip_eps)
                 where = f"token with rho = {rho:.4f}, A = {A:+g}, clip_eps = {clip_eps}"
                 if abs(got[b, t].item() - value) > 1e-9:
-                    if abs(got[b, t].item() - rho * A) <= 1e-9:
-                        hint = "you returned rho A: take the minimum with the clipped term clip(rho, 1-eps, 1+eps) A"
-                    elif abs(got[b, t].item() - max(rho * A, min(max(rho, 1 - clip_eps), 1 + clip_eps) * A)) <= 1e-9:
-                        hint = "take the minimum (the pessimistic term), not the maximum"
-                    else:
-                        hint = "min(rho A, clip(rho, 1 - eps, 1 + eps) A), with rho = exp(logp_cur - logp_old)"
+                    hint = _ch04_slip(got.detach(), clip_eps)
                     raise ExerciseError(f"{where}: objective {got[b, t].item():.6g}, expected {value:.6g}. Hint: {hint}.")
                 if abs(grad[b, t].item() - slope) > 1e-9:
                     if slope == 0.0:
