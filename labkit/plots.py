@@ -57,7 +57,7 @@ def plot_pretraining_curve(corpus_points: list[tuple[float, float]], answer_poin
     for k, style in zip(range(3), (":", "--", "-.")):
         values = [(m, d[k]) for m, _, d in answer_points if len(d) > k]
         if values:
-            ax.plot(*zip(*values), style, color="tab:green", alpha=0.7, label=f"digit {k + 1} from the left right")
+            ax.plot(*zip(*values), style, color="tab:green", alpha=0.7, label=f"digit {k + 1} from the left: fraction right")
     ax.axvline(corpus_minutes, color="black", lw=0.8)
     ax.text(corpus_minutes, 1.02, " answer phase starts", fontsize=8, va="bottom", transform=ax.get_xaxis_transform())
     ax.set_xlabel("CPU minutes of pretraining (one thread)")
@@ -472,7 +472,8 @@ def plot_logprob_check(diffs: dict, tol: float = 2e-4, floor: float = 1e-9, star
         ax.scatter(range(1, len(shown) + 1), shown, s=14, color=color, marker=marker, label=label)
     ax.axhline(tol, color="black", linestyle="--", linewidth=0.8, label=f"tolerance {tol:g}")
     ax.set_yscale("log")
-    ax.set_ylim(floor / 2, 10.0)
+    largest = max((float(v) for values in diffs.values() for v in values), default=0.0)
+    ax.set_ylim(floor / 2, max(10.0, 2 * largest))  # every point inside the axes, the largest included
     ax.set_xlabel("generated token (the group's rollouts one after another)")
     ax.set_ylabel(f"|re-scored - recorded|\n(0 drawn at {floor:g})", fontsize=8)
     ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.22), ncol=len(diffs) + 1, frameon=False)
