@@ -299,8 +299,10 @@ def plot_success_rates(results: dict, mode: str = "greedy", populations: tuple[s
     what = "greedy pass@1" if mode == "greedy" else "per-draw success (all samples, not best-of-4)"
     n = results["policies"][policies[0]][mode]["ALL"]["responses"]
     ax.set_ylabel("success rate (%)")
-    ax.set_title(f"{what}; ALL = {n} responses; whiskers: Wilson 95%", fontsize=9, loc="left")
-    ax.legend(fontsize=8)
+    ax.set_title(f"{what}\nALL = {n} responses; whiskers: Wilson 95%", fontsize=9, loc="left")
+    # the legend beside the axes, where no bar is
+    ax.legend(fontsize=8, title="population", title_fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0),
+              frameon=False)
     fig.tight_layout()
     return fig
 

@@ -68,3 +68,23 @@ def test_every_citation_is_in_the_bibliography():
     groups = re.findall(r"\{cite:[pt]\}`([^`]+)`", "\n".join(_cells("markdown")))
     cited = {key.strip() for group in groups for key in group.split(",")}
     assert "yue2025rlvrboundary" in cited and cited <= keys, sorted(cited - keys)
+
+
+def test_success_rate_legend_sits_beside_the_bars_and_the_title_inside_the_figure():
+    """Figures 7.1 and 7.2: no legend over a bar, no title past the figure's edge."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from labkit.runs import REPO_ROOT, read_json
+
+    results = read_json(REPO_ROOT / "runs" / "tiny" / "evaluation" / "results.json")
+    for mode in ("greedy", "sample"):
+        fig = plots.plot_success_rates(results, mode=mode)
+        fig.canvas.draw()
+        ax = fig.axes[0]
+        renderer = fig.canvas.get_renderer()
+        legend = ax.get_legend().get_window_extent(renderer)
+        assert legend.x0 >= ax.get_window_extent(renderer).x1  # right of the axes
+        title = ax.title.get_window_extent(renderer)
+        assert title.x1 <= fig.bbox.x1 and title.y1 <= fig.bbox.y1
+        plots.plt.close(fig)
