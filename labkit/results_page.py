@@ -221,9 +221,12 @@ def _training_rows(run: Path) -> list[str]:
     if base.is_file():
         m = read_json(base)
         heldout = m["loss"]["heldout"]
+        probe = m["answer_phase"]["probe"]
+        # chapter 2's measure, the one number the book quotes for the base: exact answers on fresh statements
         lines.append(f"- **Base** (pretrained by the lab): {m['steps']} updates in {m['wall_time_s'] / 60:.1f} min "
-                     f"on {m['threads']} CPU thread(s); held-out loss {heldout[-1][1]}, teacher-forced exact answers "
-                     f"on held-out corpus problems {_pct(heldout[-1][2])}.")
+                     f"on {m['threads']} CPU thread(s); held-out loss {heldout[-1][1]}; exact answers on "
+                     f"{probe['documents']} fresh statements in its own answer styles "
+                     f"{_pct(m['answer_phase']['final_exact'])} (chapter 2).")
     for branch in ("warm_start", "sft"):
         path = run / branch / "manifest.json"
         if not path.is_file():
