@@ -113,9 +113,18 @@ def move_stale_aside(preset: str, only: tuple[str, ...] | None = None) -> list[t
     return moved
 
 
+def step_names(preset: str) -> list[str]:
+    """The steps `run_all` runs for `preset`, in order (what `--only` may name)."""
+    return [step for step, _ in _commands(preset, None, None)]
+
+
 def run_all(preset: str, *, device: str | None = None, threads: int | None = None, rebuild_stale: bool = False,
             only: tuple[str, ...] | None = None) -> dict:
     """Run every step not yet done; returns {step: seconds or "skipped"}."""
+    unknown = sorted(set(only or ()) - set(step_names(preset)))
+    if unknown:
+        raise ValueError(f"--only {','.join(only)}: no step called {', '.join(unknown)}; the steps are "
+                         f"{', '.join(step_names(preset))}")
     root = cache.runs_dir(preset)
     times_path = root / "protocol_times.json"
     times = read_json(times_path) if times_path.exists() else {}

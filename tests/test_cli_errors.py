@@ -19,6 +19,7 @@ GRPO_RUN = REPO_ROOT / "runs" / "tiny" / "grpo"
     (["grpo", "--threads", "0"], "--threads 0: must be at least 1"),
     (["warm-start", "--validation-limit", "-5"], "--validation-limit -5: must be at least 1"),
     (["pretrain", "--preset", "nosuch"], "only the tiny preset is pretrained"),
+    (["all", "--only", "grpo_resme"], "--only grpo_resme: no step called grpo_resme; the steps are data, base,"),
 ])
 def test_bad_options_are_refused_in_one_line(tmp_path, capsys, argv, message):
     if argv[0] == "grpo":
