@@ -11,7 +11,9 @@ Memory: while a group runs, the proportional set sizes (Pss: resident memory, a 
 several processes counted once between them) of every process under this one are summed every
 0.2 s; a phase's peak is the largest sum seen over its own processes, the group's peak the
 largest sum over all of them.  A spike shorter than the interval can be missed; `ru_maxrss`
-(the largest single process's resident peak, from the kernel) is printed beside it as a check.
+(the largest single process's resident peak, from the kernel) is printed beside it as a check,
+with one caveat: a process that resets its own peak counter (/proc/self/clear_refs, as the smoke
+does at each stage to measure it) reports only the peak since its last reset.
 """
 
 from __future__ import annotations
@@ -159,7 +161,8 @@ def main(argv: list[str] | None = None) -> int:
     for r in results:
         print(f"{r['name']:<28}{r['seconds']:>8.0f}{r['peak'] / 2**30:>10.2f}{r['group_peak'] / 2**30:>21.2f}")
     print(f"{'make test':<28}{wall:>8.0f}{max(r['group_peak'] for r in results) / 2**30:>10.2f}"
-          f"   (largest single process: {largest / 2**30:.2f} GiB)")
+          f"   (ru_maxrss of the largest process: {largest / 2**30:.2f} GiB; it misses a peak that a process"
+          " reset itself, as the smoke does at each stage)")
     print("make test: " + ("passed" if code == 0 else "FAILED"), flush=True)
     return code
 
