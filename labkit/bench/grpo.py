@@ -88,7 +88,7 @@ def agreement(reference: list[sampling.Rollout], other: list[sampling.Rollout]) 
 
 def bench_sampling(model, tokenizer, max_new_tokens: int, repeats: int) -> dict:
     """Section 1: the four samplers on one iteration's rollouts, then distinct greedy prompts."""
-    problem_ids, prompts = bench_prompts(tokenizer, 16)
+    _, prompts = bench_prompts(tokenizer, 16)
     digest = models.parameter_digest(model)
     out = {}
     for case, rows, seeds, greedy in (
