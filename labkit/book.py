@@ -18,6 +18,7 @@ run's files (labkit.results_page); `--check` says whether the page is current.
 from __future__ import annotations
 
 import argparse
+import os
 import re
 import sys
 from html.parser import HTMLParser
@@ -132,6 +133,7 @@ def execute_notebook(path: str | Path, timeout: int = 600) -> float:
 
     path = Path(path)
     nb = nbformat.read(path, as_version=4)
+    os.environ["LABKIT_KNOBS"] = "0"  # the knobs store their static figure, never a widget (labkit.knobs)
     started = time.perf_counter()
     NotebookClient(nb, timeout=timeout, kernel_name="python3", record_timing=False,
                    resources={"metadata": {"path": str(path.parent)}}).execute()
@@ -254,7 +256,8 @@ def student_book_leaks(student_html: str | Path, instructor_html: str | Path | N
     return found
 
 
-def main(argv: list[str] | None = None) -> int:
+def build_parser() -> argparse.ArgumentParser:
+    """The commands of `python -m labkit.book`."""
     parser = argparse.ArgumentParser(prog="python -m labkit.book", description=__doc__.split("\n\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
     p = sub.add_parser("check-offline", help="fail if a built page or style sheet fetches from another host")
@@ -272,7 +275,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("html_dir", help="the student book's HTML, e.g. _build/student_src/_build/html")
     p.add_argument("--instructor", default="_build/html", help="the instructor's HTML (default: %(default)s), "
                    "where every solution must be found")
-    args = parser.parse_args(argv)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
 
     if args.command == "student-sources":
         print(f"wrote the student book's sources into {write_student_sources(args.out_dir)}")

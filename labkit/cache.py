@@ -28,7 +28,7 @@ DATA_FILES = tuple(
 # (tests/test_cache_steps.py checks it), so that no change to the code that made a step goes unseen.
 LEARNING_CODE = ("labkit/config.py", "labkit/data.py", "labkit/scoring.py", "labkit/schedule.py", "labkit/state.py",
                  "labkit/models.py", "labkit/runs.py", "labkit/runtime.py", "labkit/resume.py", "labkit/task.py",
-                 "labkit/tokenizer.py", "labkit/sampling.py", "labkit/verifier.py")
+                 "labkit/tokenizer.py", "labkit/sampling.py", "labkit/static_sampler.py", "labkit/verifier.py")
 ROLLOUT_CODE = ("labkit/losses.py", "labkit/grpo.py", "labkit/checkpoint_curves.py", "labkit/shared_prompt.py",
                 "labkit/variants.py", "labkit/reward_model.py",
                 "labkit/evaluate.py", "labkit/metrics.py")  # reward_model finds its policies with evaluate

@@ -60,7 +60,7 @@ def cmd_pretrain(args: argparse.Namespace) -> int:
 
     if args.preset != "tiny":
         print(f"--preset {args.preset!r}: only the tiny preset is pretrained by the lab (the qwen preset uses "
-              "Qwen2.5-0.5B-Instruct's published weights, see book/setup.md)", file=sys.stderr)
+              "Qwen2.5-0.5B-Instruct's published weights, see book/instructor.md)", file=sys.stderr)
         return 2
     for name in ("steps", "answer_steps", "threads"):
         value = getattr(args, name)
@@ -93,7 +93,7 @@ def cmd_sft(args: argparse.Namespace) -> int:
     branch = getattr(args, "branch_fixed", None) or args.branch
     manifest = sft.run_branch(
         args.preset, branch, args.run_dir, stop_after_epochs=args.stop_after_epochs, resume_from=args.resume_from,
-        validation_limit=args.validation_limit, device=args.device, overwrite=args.overwrite,
+        validation_limit=args.validation_limit, device=args.device, overwrite=args.overwrite, restart=args.restart,
         progress=not args.no_progress, greedy_eval=not args.no_greedy_eval,
     )
     nll = ", ".join(f"{v['nll']:.4f}" for v in manifest["validation_nll"])
@@ -149,6 +149,7 @@ def cmd_grpo(args: argparse.Namespace) -> int:
     out = grpo.run_grpo(
         config.with_overrides(**curves) if curves else config, args.run_dir, group_size=args.group_size, iterations=args.iterations,
         stop_after=args.stop_after, save_states_at=stop_at, resume_from=args.resume_from, sampler=args.sampler,
+        resume=args.resume, restart=args.restart,
         device=args.device, overwrite=args.overwrite, progress=not args.no_progress,
         shared_prompts=args.scoring == "shared",
     )
@@ -269,7 +270,8 @@ def cmd_smoke(args: argparse.Namespace) -> int:
 
     report = smoke.run_smoke(args.preset, random_weights=args.random_weights, device=args.device, layers=args.layers,
                              run_dir=args.run_dir, max_new_tokens=args.max_new_tokens,
-                             eval_problems=args.eval_problems, rewards=args.rewards, progress=not args.no_progress)
+                             eval_problems=args.eval_problems, rewards=args.rewards, progress=not args.no_progress,
+                             state_compresslevel=args.state_compresslevel)
     smoke.print_report(report)
     return 0
 
@@ -395,6 +397,36 @@ def _add_data_and_tool_commands(sub) -> None:
     p.set_defaults(func=cmd_bench)
 
 
+def _add_grpo_command(sub) -> None:
+    """The `grpo` subcommand."""
+    p = sub.add_parser("grpo", help="GRPO from the warm start: 100 iterations x 4 prompts x G responses, 2 updates each")
+    _add_sft_arguments(p)
+    p.add_argument("--group-size", type=int, default=None, help="G, responses per prompt (default: the preset's 4)")
+    p.add_argument("--iterations", type=int, default=None, help="total iterations (default: the preset's 100)")
+    p.add_argument("--run-dir", default=None, help="run folder (default: runs/<preset>/grpo or grpo_g<G>)")
+    p.add_argument("--stop-after", type=int, default=None, help="stop (and save the state) after this iteration")
+    p.add_argument("--save-states-at", default="", help="comma-separated iterations after which to save a full state")
+    p.add_argument("--resume-from", default=None, help="a state file of the same run to continue from")
+    p.add_argument("--sampler", default="reference", choices=["reference", "fast", "static"],
+                   help="reference: the protocol's, no KV cache; fast: batched, transformers' KV cache; static: "
+                        "batched, a preallocated cache (labkit.static_sampler); the same tokens for the same "
+                        "seeds (default: %(default)s)")
+    attempt = p.add_mutually_exclusive_group()
+    attempt.add_argument("--resume", action="store_true",
+                         help="continue an unfinished run from the newest state in its folder")
+    attempt.add_argument("--restart", action="store_true",
+                         help="delete an unfinished run's files (its states too) and start afresh")
+    p.add_argument("--scoring", default="plain", choices=["plain", "shared"],
+                   help="plain: one forward per full row (the protocol's); shared: each prompt computed once for "
+                        "its G responses, equal within float32 rounding (default: %(default)s)")
+    p.add_argument("--checkpoint-every", type=int, default=None,
+                   help="fixed-prompt curves every N iterations, 0 for none (default: the preset's 10; another "
+                        "value makes another run: it is part of the config's fingerprint)")
+    p.add_argument("--checkpoint-problems", type=int, default=None,
+                   help="fixed validation problems the curves measure (default: the preset's 64)")
+    p.set_defaults(func=cmd_grpo)
+
+
 def _add_training_commands(sub) -> None:
     """Subcommands: pretraining, GRPO, the pipeline, the cache and the smoke run."""
     p = sub.add_parser("pretrain", help="pretrain the tiny base: the corpus phase, then the answer phase")
@@ -409,25 +441,7 @@ def _add_training_commands(sub) -> None:
     p.add_argument("--overwrite", action="store_true", help="replace a finished run (evidence: normally refused)")
     p.set_defaults(func=cmd_pretrain)
 
-    p = sub.add_parser("grpo", help="GRPO from the warm start: 100 iterations x 4 prompts x G responses, 2 updates each")
-    _add_sft_arguments(p)
-    p.add_argument("--group-size", type=int, default=None, help="G, responses per prompt (default: the preset's 4)")
-    p.add_argument("--iterations", type=int, default=None, help="total iterations (default: the preset's 100)")
-    p.add_argument("--run-dir", default=None, help="run folder (default: runs/<preset>/grpo or grpo_g<G>)")
-    p.add_argument("--stop-after", type=int, default=None, help="stop (and save the state) after this iteration")
-    p.add_argument("--save-states-at", default="", help="comma-separated iterations after which to save a full state")
-    p.add_argument("--resume-from", default=None, help="a state file of the same run to continue from")
-    p.add_argument("--sampler", default="reference", choices=["reference", "fast"],
-                   help="reference: the protocol's, no KV cache; fast: batched KV cache (default: %(default)s)")
-    p.add_argument("--scoring", default="plain", choices=["plain", "shared"],
-                   help="plain: one forward per full row (the protocol's); shared: each prompt computed once for "
-                        "its G responses, equal within float32 rounding (default: %(default)s)")
-    p.add_argument("--checkpoint-every", type=int, default=None,
-                   help="fixed-prompt curves every N iterations, 0 for none (default: the preset's 10; another "
-                        "value makes another run: it is part of the config's fingerprint)")
-    p.add_argument("--checkpoint-problems", type=int, default=None,
-                   help="fixed validation problems the curves measure (default: the preset's 64)")
-    p.set_defaults(func=cmd_grpo)
+    _add_grpo_command(sub)
 
     p = sub.add_parser("grpo-resume-check", help="GRPO: stop, resume in a fresh process, compare with the continuous run")
     _add_sft_arguments(p)
@@ -468,6 +482,9 @@ def _add_training_commands(sub) -> None:
                    help="synthetic: a fixed 1,0,0,0 pattern per group when every group has zero variance, so the "
                         "updates change the weights as in a real run; verifier: the protocol's own rewards, which "
                         "random weights never earn (default: %(default)s)")
+    p.add_argument("--state-compresslevel", type=int, default=1, choices=[0, 1],
+                   help="the state file's gzip level: 1 as the runs save it, 0 stored uncompressed in the same "
+                        "format (faster; the unit test's) (default: %(default)s)")
     p.add_argument("--run-dir", type=Path, default=None,
                    help="run folder (default: runs/scratch/smoke-qwen-<device>-<layers>l-<UTC time>); a finished "
                         "run there is refused")
@@ -485,6 +502,8 @@ def _add_training_commands(sub) -> None:
         p.add_argument("--run-dir", type=Path, default=None, help="run folder (default: runs/<preset>/<branch>)")
         p.add_argument("--stop-after-epochs", type=int, default=None, help="stop after N epochs (resume checks)")
         p.add_argument("--resume-from", type=Path, default=None, help="a saved state of the same run to continue")
+        p.add_argument("--restart", action="store_true",
+                       help="delete an unfinished run's files (its states too) and start afresh")
         p.add_argument("--validation-limit", type=int, default=None, help="score only the first N validation problems")
         p.add_argument("--no-greedy-eval", action="store_true", help="skip the final greedy validation accuracy")
         p.set_defaults(func=cmd_sft, branch_fixed=fixed)
@@ -630,13 +649,29 @@ def main(argv: list[str] | None = None) -> int:
         if value is not None and value < 1:
             print(f"error: --{name.replace('_', '-')} {value}: must be at least 1", file=sys.stderr)
             return 2
+    from .runs import RunFolderError
+
     try:
         return _run(args)
-    except USER_ERRORS as err:
+    except KeyboardInterrupt as err:  # labkit.grpo.Interrupted says which state to resume from
         if os.environ.get("LABKIT_TRACEBACK"):
             raise
-        print(f"error: {err}", file=sys.stderr)
+        print(f"interrupted: {err}" if str(err) else "interrupted (Ctrl-C)", file=sys.stderr)
+        return 130
+    except (*USER_ERRORS, OSError, RunFolderError) as err:
+        if os.environ.get("LABKIT_TRACEBACK"):
+            raise
+        print(f"error: {error_line(err)}", file=sys.stderr)
         return 2
+
+
+def error_line(err: BaseException) -> str:
+    """One line for a failure: an OSError of the system names its file and cause ("no space left on
+    device", "read-only file system"); the lab's own errors carry their message."""
+    if isinstance(err, OSError) and err.strerror and err.filename:
+        where = f"{err.filename} -> {err.filename2}" if err.filename2 else f"{err.filename}"
+        return f"{where}: {err.strerror[0].lower()}{err.strerror[1:]}"
+    return str(err) or type(err).__name__
 
 
 def _run(args: argparse.Namespace) -> int:

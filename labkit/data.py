@@ -147,4 +147,12 @@ def joined(split: str, *, phase: str, data_dir: Path = DATA_DIR) -> list[dict]:
     validation only, inference none (labels), scoring everything."""
     statements = open_records("statements", split, phase, data_dir)
     labels = {r["id"]: r for r in open_records("labels", split, phase, data_dir)}
+    unlabelled = [s["id"] for s in statements if s["id"] not in labels]
+    if unlabelled or len(labels) != len(statements):
+        folder = Path(data_dir)
+        raise ArtifactError(
+            f"{folder / file_name('statements', split)} and {folder / file_name('labels', split)} do not hold the "
+            f"same problems ({len(statements)} statements, {len(labels)} labels; unlabelled ids: "
+            f"{unlabelled[:3]}{' ...' if len(unlabelled) > 3 else ''}): every statement needs the label of its id; "
+            "regenerate the data with `python -m labkit data`")
     return [{**s, **labels[s["id"]]} for s in statements]

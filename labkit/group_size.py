@@ -150,7 +150,7 @@ def run_branch(config: PresetConfig, group_size: int, run_dir: Path, *, iteratio
         check_branch_manifest(manifest, config, group_size, iterations)
         return {**manifest, "reused": True}
     manifest = grpo.run_grpo(config, run_dir, group_size=group_size, iterations=iterations, start_file=start_file,
-                             sampler=sampler, device=device, progress=progress)
+                             sampler=sampler, device=device, progress=progress, restart=True)
     return {**manifest, "reused": False}
 
 

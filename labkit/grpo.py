@@ -30,6 +30,8 @@ of its boundary), `manifest.json` (with the final ledger), `FINISHED`.
 
 from __future__ import annotations
 
+import signal
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -38,7 +40,8 @@ import torch
 
 from . import checkpoint_curves, data, losses, models, sampling, scoring, shared_prompt, state as state_lib, task
 from .config import PresetConfig, get_preset
-from .runs import REPO_ROOT, ArtifactError, RunFolder, is_finished, read_json, run_path, write_json
+from .runs import (REPO_ROOT, ArtifactError, RunFolder, UnfinishedRunError, display_path, is_finished, read_json,
+                   run_path, same_folder, write_json)
 from .schedule import warmup_linear_decay
 from .variants import Variant
 
@@ -297,6 +300,7 @@ def warm_start_file(preset: str) -> Path:
     if not is_finished(warm):
         raise FileNotFoundError(f"GRPO starts from the warm start, but {warm} is not a finished run; "
                                 f"run `python -m labkit warm-start --preset {preset}` first")
+    RunFolder(warm).manifest()  # refuses a manifest that is missing, edited or damaged
     return warm / "model.safetensors"
 
 
@@ -534,6 +538,9 @@ def run_iteration(loop: Loop, iteration: int, sampler: str) -> tuple[dict, list[
 
 def _check_options(config: PresetConfig, G: int, total_iterations: int, stop_after, save_states_at) -> int:
     """Refuse bad option values before any work; returns the last iteration this call runs."""
+    for name, value in (("group_size", G), ("iterations", total_iterations), ("stop_after", stop_after)):
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int)):
+            raise ValueError(f"{name} {value!r}: must be an integer")
     if G < 2:
         raise ValueError(f"group_size {G}: a group needs at least 2 responses (its advantages compare them)")
     if total_iterations < 1:
@@ -546,11 +553,57 @@ def _check_options(config: PresetConfig, G: int, total_iterations: int, stop_aft
     return total_iterations if stop_after is None else stop_after
 
 
-def _prepare_folder(folder: RunFolder, loop: Loop, resume_from: Path | None) -> tuple[int, int]:
+# A long run saves a resumable state on its own, every AUTOSAVE_ITERATIONS iterations or
+# AUTOSAVE_SECONDS of wall time, whichever comes first, so that a crash or a Ctrl-C loses at
+# most that much.  Only the newest such state is kept, and none once the run has finished
+# (states asked for with save_states_at, and the last one, are always kept).
+AUTOSAVE_ITERATIONS = 10
+AUTOSAVE_SECONDS = 300.0
+
+
+class Interrupted(KeyboardInterrupt):
+    """Ctrl-C stopped a run; the message says which state to resume from, and how."""
+
+
+def newest_state(folder: RunFolder) -> Path | None:
+    """The run folder's state of the latest iteration that its ledger lists, or None."""
+    listed = [name for name in folder.ledger()["files"] if name.startswith("states/iter-")]
+    paths = [folder / name for name in listed if (folder / name).is_file()]
+    return max(paths, key=lambda p: int(p.name[5:8])) if paths else None
+
+
+def _earlier_attempt(folder: RunFolder) -> str | None:
+    """A description of what an unfinished attempt left in the folder, or None if it holds none."""
+    ledger = folder.ledger()
+    rows = ledger["parts"].get(ROLLOUTS_PART, {}).get("rows", 0)
+    states = sorted(p.name for p in folder.states.glob("iter-*.pt.gz"))
+    if not rows and not states and not ledger["files"]:
+        return None
+    newest = newest_state(folder)
+    return (f"{rows} rollouts" + (f", newest state {newest.relative_to(folder.path)}" if newest else ", no state"))
+
+
+def _prepare_folder(folder: RunFolder, loop: Loop, resume_from: Path | None, restart: bool,
+                    stop_after: int | None) -> tuple[int, int]:
     """Restore a state (if any) and clear or cut back the folder; returns (first iteration to run,
-    the first iteration whose rollouts this folder holds)."""
+    the first iteration whose rollouts this folder holds).
+
+    The folder and the state are compared as real paths (links and `..` resolved), so a resume
+    in the run's own folder is seen as one however either is spelled, and the state resumed
+    from is never deleted.  A fresh start into a folder an unfinished attempt left is refused
+    unless `restart` says to delete that attempt."""
+    in_own_folder = resume_from is not None and same_folder(resume_from.parent.parent, folder.path)
+    if resume_from is None and not restart:
+        attempt = _earlier_attempt(folder)
+        if attempt:
+            raise UnfinishedRunError(
+                f"{display_path(folder.path)} holds an unfinished attempt ({attempt}): pass --resume to continue "
+                "from its newest state, or --restart to delete it and start afresh")
     first_iteration, evidence = loop.restore(resume_from) if resume_from is not None else (0, {})
-    if resume_from is not None and resume_from.parent.parent == folder.path:
+    if stop_after is not None and first_iteration >= stop_after:  # checked before anything in the folder is cut
+        raise ValueError(f"stop_after {stop_after}: {display_path(resume_from)} is already after iteration "
+                         f"{first_iteration}; stop after a later iteration")
+    if in_own_folder:
         # Resuming in the run's own folder: cut the parts back to the state's boundary.
         if "ledger" not in evidence:
             raise ArtifactError(f"{resume_from} carries no ledger of its folder's parts (written by an older "
@@ -575,6 +628,8 @@ def run_grpo(
     stop_after: int | None = None,
     save_states_at: tuple[int, ...] = (),
     resume_from: str | Path | None = None,
+    resume: bool = False,
+    restart: bool = False,
     sampler: str = "reference",
     start_file: str | Path | None = None,
     device: str | None = None,
@@ -587,35 +642,69 @@ def run_grpo(
 
     group_size      G (default: the preset's 4); iterations: default the preset's 100
     stop_after      stop after this many iterations (saving the state); the run is then not finished
-    save_states_at  iterations after which to save a full state (the last is always saved)
+    save_states_at  iterations after which to save a full state (the last is always saved; a
+                    state is also saved every AUTOSAVE_ITERATIONS or AUTOSAVE_SECONDS, kept until
+                    the run finishes)
     resume_from     a state file of the same run to continue from, with fresh objects
+    resume          continue from the newest state in `run_dir` (an unfinished attempt's)
+    restart         delete an unfinished attempt in `run_dir` and start afresh (without resume,
+                    restart or overwrite, a folder holding an attempt is refused)
     sampler         "reference" (the protocol's, no KV cache) or "fast" (recorded in the manifest)
     start_file      the warm-start safetensors (default: runs/<preset>/warm_start/model.safetensors)
     variant         the loop's switches (`labkit.variants`; default: the protocol's)
     shared_prompts  score each prompt once per group in the reference forward and the updates
-                    (`labkit.shared_prompt`: equal within float32 rounding, about 4x faster at G=8);
+                    (`labkit.shared_prompt`: equal within float32 rounding, about 3.5x faster at G=8);
                     the protocol's run keeps the plain path, as it keeps the reference sampler
+
+    One process writes a run folder at a time (`runs.hold_folder`).  Ctrl-C finishes the current
+    iteration, saves its state and raises `Interrupted` saying how to resume (a second Ctrl-C
+    stops at once; the newest saved state is then the one to resume from).
     """
     config = get_preset(config) if isinstance(config, str) else config
     G = config.group_size if group_size is None else group_size
     total_iterations = config.grpo_iterations if iterations is None else iterations
     end_iteration = _check_options(config, G, total_iterations, stop_after, save_states_at)
-    if resume_from is not None:
-        resume_from = run_path(resume_from)
-        if not resume_from.is_file():
-            raise FileNotFoundError(f"--resume-from {resume_from}: no such state file (states are in <run>/states/)")
-        data.check_path_access("learning", resume_from)
+    if resume and resume_from is not None:
+        raise ValueError("resume and resume_from: give one (--resume takes the folder's newest state)")
     folder = RunFolder(run_dir or default_run_dir(config.name, G)).open_for_writing(overwrite)
-    start_file = Path(start_file or warm_start_file(config.name))
-    data.check_path_access("learning", start_file)
-    began = time.perf_counter()
-    loop = start_loop(config, G, total_iterations, start_file, sampler, device or models.default_device(config.name),
-                      variant, shared_prompts)
-    first_iteration, first_in_folder = _prepare_folder(folder, loop, resume_from)
+    try:
+        if resume:
+            resume_from = newest_state(folder)
+            if resume_from is None:
+                raise FileNotFoundError(f"--resume: {display_path(folder.path)} holds no saved state to resume from")
+        if resume_from is not None:
+            resume_from = run_path(resume_from)
+            if not resume_from.is_file():
+                raise FileNotFoundError(f"--resume-from {resume_from}: no such state file (states are in <run>/states/)")
+            data.check_path_access("learning", resume_from)
+        start_file = Path(start_file or warm_start_file(config.name))
+        data.check_path_access("learning", start_file)
+        began = time.perf_counter()
+        loop = start_loop(config, G, total_iterations, start_file, sampler,
+                          device or models.default_device(config.name), variant, shared_prompts)
+        first_iteration, first_in_folder = _prepare_folder(folder, loop, resume_from, restart or overwrite,
+                                                           stop_after)
+        state_files = _iterate(folder, loop, first_iteration, end_iteration, save_states_at, sampler, progress,
+                               CheckpointCurves(loop, total_iterations))
+        summary = {"iterations_run": [first_iteration, end_iteration], "state_files": state_files,
+                   "seconds": time.perf_counter() - began}
+        if end_iteration < total_iterations:
+            write_json(folder / f"stopped-at-{end_iteration:03d}.json", summary)
+            return summary
+        return finish_run(folder, loop, first_in_folder, resume_from, summary)
+    finally:
+        folder.release()
+
+
+def _iterate(folder: RunFolder, loop: Loop, first_iteration: int, end_iteration: int, save_states_at,
+             sampler: str, progress: bool, curves: "CheckpointCurves") -> list[dict]:
+    """Iterations first_iteration+1..end_iteration, each written to disk as it ends; the states saved
+    (requested ones and the last; autosaves come and go).  Ctrl-C: see `run_grpo`."""
     state_files: list[dict] = []
-    curves = CheckpointCurves(loop, total_iterations)
-    bar = _progress_bar(progress, first_iteration, end_iteration, G)
-    with deterministic_algorithms():
+    autosaved: Path | None = None
+    last_save = time.monotonic()
+    bar = _progress_bar(progress, first_iteration, end_iteration, loop.G)
+    with deterministic_algorithms(), _DeferredInterrupt() as interrupt:
         curves.maybe_measure(folder, first_iteration, at_start=True)
         for iteration in range(first_iteration, end_iteration):
             record, rows, timings = run_iteration(loop, iteration, sampler)
@@ -623,19 +712,54 @@ def run_grpo(
             folder.append(ROLLOUTS_PART, rows)
             timings["checkpoint"] = curves.maybe_measure(folder, iteration + 1)
             folder.append(TIMINGS_PART, [timings])
-            if iteration + 1 in save_states_at or iteration + 1 == end_iteration:
-                state_files.append(save_loop_state(folder, loop, iteration + 1))
+            done = iteration + 1
+            if done in save_states_at or done == end_iteration:
+                state_files.append(save_loop_state(folder, loop, done))
+                last_save = time.monotonic()
+            elif interrupt.requested or done % AUTOSAVE_ITERATIONS == 0 \
+                    or time.monotonic() - last_save > AUTOSAVE_SECONDS:
+                saved = save_loop_state(folder, loop, done)
+                if autosaved is not None:
+                    folder.forget(str(autosaved.relative_to(folder.path)))
+                autosaved, last_save = folder / saved["path"], time.monotonic()
+            if interrupt.requested and done < end_iteration:
+                newest = newest_state(folder)
+                raise Interrupted(f"interrupted after iteration {done}: its state is "
+                                  f"{display_path(newest)}; continue with the same command and --resume")
             bar.update(1)
             bar.set_postfix(reward=f"{record['reward']:.2f}",
                             kl="no update" if record["kl"] is None else f"{record['kl']:.2e}",
                             zero_std=f"{record['frac_reward_zero_std']:.2f}")
     bar.close()
-    summary = {"iterations_run": [first_iteration, end_iteration], "state_files": state_files,
-               "seconds": time.perf_counter() - began}
-    if end_iteration < total_iterations:
-        write_json(folder / f"stopped-at-{end_iteration:03d}.json", summary)
-        return summary
-    return finish_run(folder, loop, first_in_folder, resume_from, summary)
+    if autosaved is not None:  # the run reached its end: the requested states and the last one stay
+        folder.forget(str(autosaved.relative_to(folder.path)))
+    return state_files
+
+
+class _DeferredInterrupt:
+    """While active (in the main thread), a first Ctrl-C only asks the loop to stop after the current
+    iteration, whose state is then saved; a second one interrupts at once."""
+
+    def __init__(self):
+        self.requested, self._previous = False, None
+
+    def _handle(self, signum, frame):
+        if self.requested:
+            raise Interrupted("interrupted during an iteration (Ctrl-C twice): resume from the newest saved state "
+                              "with the same command and --resume")
+        self.requested = True
+        print("\nCtrl-C: finishing this iteration, then saving its state (Ctrl-C again to stop at once)",
+              flush=True)
+
+    def __enter__(self):
+        if threading.current_thread() is threading.main_thread():
+            self._previous = signal.signal(signal.SIGINT, self._handle)
+        return self
+
+    def __exit__(self, *exc):
+        if self._previous is not None:
+            signal.signal(signal.SIGINT, self._previous)
+        return False
 
 
 class CheckpointCurves:

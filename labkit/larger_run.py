@@ -94,8 +94,12 @@ def train(preset: str = "tiny", *, device: str | None = None, progress: bool = T
     from . import grpo
 
     config = larger_config(preset)
+    # an attempt that a crash or a Ctrl-C ended goes on from its newest state; anything else starts afresh
+    folder = RunFolder(run_dir(preset))
+    resume = not overwrite and not folder.is_finished() and grpo.newest_state(folder) is not None
     return grpo.run_grpo(config, run_dir(preset), sampler=SAMPLER, shared_prompts=True, device=device,
-                         save_states_at=(config.grpo_iterations // 2,), progress=progress, overwrite=overwrite)
+                         save_states_at=(config.grpo_iterations // 2,), progress=progress, overwrite=overwrite,
+                         resume=resume, restart=not resume)
 
 
 def evaluate_all(preset: str = "tiny", *, device: str | None = None) -> list[str]:

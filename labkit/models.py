@@ -124,6 +124,40 @@ def _config_value(cfg, key: str):
     return getattr(cfg, key, None)
 
 
+def check_qwen_config_file(path: str | os.PathLike) -> None:
+    """Refuse (ValueError, one line naming the file) a config.json that is not Qwen2.5-0.5B-Instruct's.
+
+    Read before any weight is built or loaded: a folder holding another model's files would
+    otherwise build that model at its own size first.  A field the file leaves out takes
+    `Qwen2Config`'s default, as transformers would."""
+    import json
+
+    path = Path(path)
+    try:
+        config = json.loads(path.read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as err:
+        raise ValueError(f"{path} is not a JSON config ({err}); download it again from {QWEN_REPO_ID}") from None
+    if not isinstance(config, dict):
+        raise ValueError(f"{path} holds a JSON {type(config).__name__}, not a model config object")
+    problems = []
+    if config.get("model_type") != "qwen2":
+        problems.append(f"model_type is {config.get('model_type')!r}, expected 'qwen2'")
+    if "architectures" in config and "Qwen2ForCausalLM" not in (config["architectures"] or []):
+        problems.append(f"architectures is {config.get('architectures')!r}, expected ['Qwen2ForCausalLM']")
+    # A Qwen2Config of the file's fields: numbers only, nothing built; it reads each field as
+    # transformers would (rope_theta from `rope_parameters` or the top level, defaults for the rest).
+    try:
+        parsed = Qwen2Config(**{k: v for k, v in config.items() if k not in ("model_type", "architectures")})
+    except (TypeError, ValueError) as err:
+        raise ValueError(f"{path} is not a Qwen2 config ({err})") from None
+    for key, expected in QWEN_ARCH.items():
+        got = _config_value(parsed, key)
+        if got != expected:
+            problems.append(f"{key} is {got!r}, expected {expected!r}")
+    if problems:
+        raise ValueError(f"{path} is not {QWEN_REPO_ID}'s config: " + "; ".join(problems))
+
+
 def check_qwen(model) -> None:
     """Refuse (ValueError) anything that is not Qwen2.5-0.5B-Instruct's architecture.
 
@@ -213,6 +247,7 @@ def load_qwen(path: str | os.PathLike | None = None, device: str | None = None):
     from transformers import AutoTokenizer
 
     folder = find_qwen_dir(path)
+    check_qwen_config_file(folder / "config.json")  # before anything is built: another model's sizes could fill memory
     disable_tf32()
     tokenizer = AutoTokenizer.from_pretrained(str(folder), local_files_only=True)
     model = Qwen2ForCausalLM.from_pretrained(

@@ -63,10 +63,10 @@ def _commands(preset: str, device: str | None, threads: int | None) -> list[tupl
     if preset == "tiny":
         steps.append(("base", ["pretrain", "--preset", "tiny"] + (["--threads", str(threads)] if threads else [])))
     steps += [
-        ("warm_start", ["warm-start", *threaded]),
-        ("sft", ["sft", *threaded]),
+        ("warm_start", ["warm-start", *threaded, "--restart"]),
+        ("sft", ["sft", *threaded, "--restart"]),
         ("sft_resume", ["sft-resume-check", *threaded, "--branch", "both"]),
-        ("grpo", ["grpo", *threaded, "--save-states-at", "40"]),
+        ("grpo", ["grpo", *threaded, "--save-states-at", "40", "--restart"]),
         ("grpo_resume", ["grpo-resume-check", *threaded]),
         ("sampler_agreement", ["sampler-agreement", *common]),
         ("evaluation", ["evaluate", *threaded, "--policy", "all"]),

@@ -7,6 +7,7 @@ killed mid-way leaves the previous file intact and readable.
 
 from __future__ import annotations
 
+import contextlib
 import gzip
 import hashlib
 import json
@@ -15,27 +16,62 @@ import tempfile
 import zlib
 from pathlib import Path
 
+try:
+    import fcntl
+except ImportError:  # Windows
+    fcntl = None
+
 REPO_ROOT = Path(__file__).resolve().parent.parent
 FINISHED_MARKER = "FINISHED"
 
 
-def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> Path:
-    """Write `data` to `path` via a temporary file + fsync + rename (atomic on POSIX)."""
+def sync_folder(folder: str | os.PathLike) -> None:
+    """fsync a folder, so that a rename into it survives a power cut (a no-op where the OS cannot)."""
+    try:
+        fd = os.open(folder, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:  # some file systems refuse to sync a folder; the rename itself is still atomic
+        pass
+    finally:
+        os.close(fd)
+
+
+@contextlib.contextmanager
+def atomic_writer(path: str | os.PathLike):
+    """A binary file to write into; on success it is synced and renamed to `path` (and the folder
+    synced), on any error removed, so `path` is either its old self or complete.
+
+        with atomic_writer("runs/x/model.bin") as f:
+            f.write(b"...")
+    """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
         with os.fdopen(fd, "wb") as f:
-            f.write(data)
+            yield f
             f.flush()
             os.fsync(f.fileno())
         os.chmod(tmp, 0o644)  # mkstemp creates 0600; artifacts are meant to be read by others
         os.replace(tmp, path)
-    except BaseException:
+        sync_folder(path.parent)
+    except BaseException as err:
         if os.path.exists(tmp):
             os.unlink(tmp)
+        if isinstance(err, OSError) and err.errno and not isinstance(err.filename, str):
+            # a failed write names no file (or its descriptor): name the one being written
+            raise OSError(err.errno, err.strerror or os.strerror(err.errno), str(path)) from None
         raise
-    return path
+
+
+def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> Path:
+    """Write `data` to `path` via a temporary file + fsync + rename + folder fsync (atomic on POSIX)."""
+    with atomic_writer(path) as f:
+        f.write(data)
+    return Path(path)
 
 
 def atomic_write_text(path: str | os.PathLike, text: str) -> Path:
@@ -123,6 +159,65 @@ def run_path(run_dir: str | os.PathLike) -> Path:
     return Path(os.path.normpath(os.path.abspath(run_dir)))
 
 
+# -- One writer per run folder ---------------------------------------------------------------------
+#
+# Two processes writing one run folder would delete each other's parts and states.  A writer holds
+# an OS lock (`fcntl.flock`) on the folder's `.lock` file for as long as it writes; the kernel
+# releases it when the process ends, however it ends, so a killed writer never leaves a folder
+# locked.  A folder reached through a link is the same folder (the lock file is the same file).
+# Within one process the lock is re-entrant: a notebook or a test may run into the same folder again.
+
+LOCK_FILE = ".lock"
+_HELD: dict[str, int] = {}  # real folder path -> the open lock file's descriptor
+
+
+class RunFolderError(RuntimeError):
+    """A run folder cannot be written as asked (the message says why and what to do)."""
+
+
+class RunFolderBusyError(RunFolderError):
+    """Another process is writing into the run folder."""
+
+
+class UnfinishedRunError(RunFolderError):
+    """The run folder holds an earlier, unfinished attempt, and neither resume nor restart was asked for."""
+
+
+def hold_folder(folder: str | os.PathLike) -> None:
+    """Take the folder's writer lock, or raise RunFolderBusyError naming the folder and the holder's pid."""
+    real = os.path.realpath(folder)
+    if real in _HELD or fcntl is None:  # no fcntl (Windows): one writer per folder is then the user's care
+        return
+    fd = os.open(os.path.join(real, LOCK_FILE), os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        holder = os.read(fd, 64).decode("ascii", "replace").strip() or "unknown"
+        os.close(fd)
+        raise RunFolderBusyError(f"{display_path(folder)} is being written by another process (pid {holder}); "
+                                 "wait for it to end, or choose another folder") from None
+    os.ftruncate(fd, 0)
+    os.write(fd, f"{os.getpid()}\n".encode("ascii"))
+    _HELD[real] = fd
+
+
+def release_folder(folder: str | os.PathLike) -> None:
+    fd = _HELD.pop(os.path.realpath(folder), None)
+    if fd is not None:
+        os.close(fd)  # closing the file releases the flock
+
+
+def same_folder(a: str | os.PathLike, b: str | os.PathLike) -> bool:
+    """Do two spellings (links, `..`, relative) name one folder?"""
+    a, b = os.path.realpath(a), os.path.realpath(b)
+    if a == b:
+        return True
+    try:
+        return os.path.samefile(a, b)
+    except OSError:
+        return False
+
+
 # -- A run folder ----------------------------------------------------------------------------------
 #
 # A run folder holds three kinds of file:
@@ -182,21 +277,33 @@ class RunFolder:
         return (self.path / FINISHED_MARKER).exists() or (self.real / FINISHED_MARKER).exists()
 
     def open_for_writing(self, overwrite: bool = False) -> "RunFolder":
-        """Refuse a finished run unless `overwrite`; create the folder.  An overwrite un-finishes it first."""
-        if self.is_finished():
-            if not overwrite:
-                raise RunExistsError(
-                    f"{self.path} holds a finished run, which is evidence and is never overwritten; "
-                    "choose a new folder or pass --overwrite explicitly"
-                )
-            (self.path / FINISHED_MARKER).unlink(missing_ok=True)
+        """Refuse a finished run unless `overwrite`; create the folder and hold its lock (`hold_folder`).
+        An overwrite un-finishes it first."""
+        if self.is_finished() and not overwrite:
+            raise RunExistsError(
+                f"{self.path} holds a finished run, which is evidence and is never overwritten; "
+                "choose a new folder or pass --overwrite explicitly"
+            )
         self.path.mkdir(parents=True, exist_ok=True)
+        hold_folder(self.path)
+        (self.path / FINISHED_MARKER).unlink(missing_ok=True)  # an overwrite un-finishes the run first
         return self
 
+    def release(self) -> None:
+        """Let other processes write here again (the kernel does it anyway when this one ends)."""
+        release_folder(self.path)
+
     def mark_finished(self, summary: dict | None = None) -> None:
-        atomic_write_text(self.path / FINISHED_MARKER, dumps_json(summary or {}))
+        """Write FINISHED (last: a folder without it is an unfinished attempt); the writer is done, so its
+        lock is released."""
+        summary = dict(summary or {})
+        if self.manifest_path.is_file():  # the manifest is checked against this digest whenever it is read
+            summary["manifest_sha256"] = sha256_file(self.manifest_path)
+        atomic_write_text(self.path / FINISHED_MARKER, dumps_json(summary))
+        self.release()
 
     def manifest(self) -> dict:
+        check_manifest(self.path)
         if not self.manifest_path.is_file():
             raise ArtifactError(f"{self.manifest_path} is missing: {self.path} is not a finished run")
         return read_json(self.manifest_path)
@@ -239,6 +346,13 @@ class RunFolder:
         self._write_ledger(ledger)
         return entry
 
+    def forget(self, name: str) -> None:
+        """Remove a registered whole file (relative name) and its ledger entry."""
+        ledger = self.ledger()
+        ledger["files"].pop(name, None)
+        self._write_ledger(ledger)
+        (self.path / name).unlink(missing_ok=True)
+
     def check_file(self, name: str) -> None:
         """Refuse a registered file whose bytes no longer have the digest the ledger recorded."""
         entry = self.ledger()["files"].get(name)
@@ -263,12 +377,17 @@ class RunFolder:
         ledger = self.ledger()
         before = ledger["parts"].get(name, {"rows": 0, "bytes": 0})
         path = self.path / name
-        with open(path, "r+b" if path.exists() else "wb") as f:
-            f.truncate(before["bytes"])  # anything past the ledger is a killed write's tail
-            f.seek(before["bytes"])
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
+        try:
+            with open(path, "r+b" if path.exists() else "wb") as f:
+                f.truncate(before["bytes"])  # anything past the ledger is a killed write's tail
+                f.seek(before["bytes"])
+                f.write(data)
+                f.flush()
+                os.fsync(f.fileno())
+        except OSError as err:
+            if err.errno and not isinstance(err.filename, str):  # a failed write names no file: name it
+                raise OSError(err.errno, err.strerror or os.strerror(err.errno), str(path)) from None
+            raise
         entry = {"rows": before["rows"] + len(rows), "bytes": path.stat().st_size, "sha256": sha256_file(path)}
         ledger["parts"][name] = entry
         self._write_ledger(ledger)
@@ -327,6 +446,30 @@ REBUILD_COMMANDS = {"base": "pretrain", "warm_start": "warm-start", "sft": "sft"
                     "format_base": "format-base"}
 
 
+def check_manifest(run_dir: str | os.PathLike) -> None:
+    """Refuse a finished run whose manifest.json is missing, or differs from the digest its FINISHED
+    marker recorded (an edited or damaged manifest would vouch for the wrong files)."""
+    folder = run_path(run_dir)
+    finished = folder / FINISHED_MARKER
+    if not finished.is_file():
+        return
+    try:
+        expected = json.loads(finished.read_text(encoding="utf-8")).get("manifest_sha256")
+    except (UnicodeDecodeError, json.JSONDecodeError, AttributeError):
+        raise ArtifactError(f"{finished} is damaged (not the JSON object the lab writes); rebuild the run") from None
+    if expected is None:  # a run finished before FINISHED recorded its manifest
+        return
+    manifest = folder / MANIFEST_FILE
+    if not manifest.is_file():
+        raise ArtifactError(f"{manifest} is missing, but {finished} says the run finished with one; "
+                            "rebuild the run (e.g. with `make cache`)")
+    actual = sha256_file(manifest)
+    if actual != expected:
+        raise ArtifactError(f"{manifest} has SHA-256 {actual[:16]}..., but {finished} recorded {expected[:16]}...: "
+                            "the manifest was edited or damaged since the run finished; rebuild the run "
+                            "(e.g. with `make cache`)")
+
+
 def recorded_sha256(path: str | os.PathLike) -> tuple[str, Path] | None:
     """(digest, where it is recorded) for a file its run folder records, or None.
 
@@ -336,6 +479,7 @@ def recorded_sha256(path: str | os.PathLike) -> tuple[str, Path] | None:
     path = run_path(path)
     owner = path.parent.parent if path.parent.name == "states" else path.parent
     name = str(path.relative_to(owner))
+    check_manifest(owner)
     for record in (owner / LEDGER_FILE, owner / MANIFEST_FILE):
         if not record.is_file():
             continue

@@ -392,36 +392,57 @@ def sample_fast(
     many rollouts into batches of at most that many (all at once by default).
     Each rollout's `seconds` is its batch's wall time divided by the batch size.
     """
+    return sample_in_batches(_sample_fast_batch, "fast", model, tokenizer, prompts, seeds, greedy=greedy,
+                             max_new_tokens=max_new_tokens, problem_ids=problem_ids, rollout_ids=rollout_ids,
+                             eos_token_id=eos_token_id, policy_digest=policy_digest, temperature=temperature,
+                             top_k=top_k, top_p=top_p, batch_size=batch_size)
+
+
+def sample_in_batches(batch_fn, sampler: str, model, tokenizer, prompts, seeds, *, greedy, max_new_tokens,
+                      problem_ids, rollout_ids, eos_token_id, policy_digest, temperature, top_k, top_p,
+                      batch_size) -> list[Rollout]:
+    """The batched samplers' common driver: check the arguments, split the rows into batches of at
+    most `batch_size` (all at once by default), call `batch_fn(model, prompts, seeds,
+    max_new_tokens, eos, pad_id) -> (responses, logprobs)` on each, and make the Rollouts
+    (recorded as `sampler`; each one's `seconds` is its batch's wall time / the batch size)."""
     seeds = _check_arguments(model, prompts, seeds, greedy, max_new_tokens, temperature, top_k, top_p, problem_ids)
     eos = _eos_id(tokenizer, eos_token_id)
     digest = _policy_digest(model, policy_digest)
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos
-    size = batch_size or len(prompts)
-    if size < 1:
-        raise ValueError(f"batch_size must be positive, got {batch_size}")
+    size = len(prompts) if batch_size is None else batch_size
+    if isinstance(size, bool) or not isinstance(size, int) or size < 1:
+        raise ValueError(f"batch_size must be a positive integer, got {batch_size!r}")
     rollouts = []
     for first in range(0, len(prompts), size):
         chunk = range(first, min(first + size, len(prompts)))
         start = time.perf_counter()
-        responses, logprobs = _sample_fast_batch(
-            model, [prompts[i] for i in chunk], [seeds[i] for i in chunk], max_new_tokens, eos, pad_id
-        )
+        responses, logprobs = batch_fn(model, [prompts[i] for i in chunk], [seeds[i] for i in chunk],
+                                       max_new_tokens, eos, pad_id)
         seconds = (time.perf_counter() - start) / len(chunk)
         for k, i in enumerate(chunk):
             problem_id = problem_ids[i] if problem_ids is not None else None
             rollout_id = rollout_ids[i] if rollout_ids is not None else _rollout_id(problem_id, seeds[i], i)
             rollouts.append(
                 _make_rollout(tokenizer, eos, prompts[i], responses[k], logprobs[k], seconds,
-                              digest, "fast", seeds[i], problem_id, rollout_id)
+                              digest, sampler, seeds[i], problem_id, rollout_id)
             )
     return rollouts
 
 
-SAMPLERS = {"reference": sample_reference, "fast": sample_fast}
+def _sample_static(*args, **kwargs) -> list[Rollout]:
+    """`labkit.static_sampler.sample_static` (imported when first used: it imports this module)."""
+    from .static_sampler import sample_static
+
+    return sample_static(*args, **kwargs)
+
+
+SAMPLERS = {"reference": sample_reference, "fast": sample_fast, "static": _sample_static}
 
 
 def get_sampler(name: str):
-    """The sampler called `name` ("reference" or "fast")."""
+    """The sampler called `name`: "reference" (the protocol's, no cache), "fast" (transformers' forward
+    with its KV cache) or "static" (`labkit.static_sampler`: a preallocated cache, fused matmuls);
+    all three give the same tokens for the same seeds."""
     if name not in SAMPLERS:
         raise ValueError(f"unknown sampler {name!r}; expected one of {sorted(SAMPLERS)}")
     return SAMPLERS[name]

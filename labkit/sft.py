@@ -57,7 +57,8 @@ import torch
 
 from . import data, scoring, state as state_lib, task
 from .config import QWEN, PresetConfig, get_preset
-from .runs import REPO_ROOT, RunFolder, is_finished, read_json, run_path, sha256_file, write_json
+from .runs import (REPO_ROOT, RunFolder, UnfinishedRunError, display_path, is_finished, read_json, run_path,
+                   same_folder, sha256_file, write_json)
 from .runtime import code_digests, data_digests, environment, seed_everything
 from .runtime import deterministic as deterministic_algorithms
 from .schedule import warmup_linear_decay, warmup_updates
@@ -344,8 +345,10 @@ class Branch:
 
 
 def _open_folder(branch: str, plan: Plan, folder: RunFolder, stop_after_epochs, validation_limit, resume_from,
-                 overwrite: bool) -> Path | None:
-    """Refuse bad options before any work; open the folder, clearing an earlier attempt's files."""
+                 overwrite: bool, restart: bool = False) -> Path | None:
+    """Refuse bad options before any work; open the folder, clearing an earlier attempt's files
+    (a fresh start into a folder that holds an attempt's states is refused unless `restart` or
+    `overwrite`: states are never deleted silently)."""
     if stop_after_epochs is not None and not 1 <= stop_after_epochs < plan.epochs:
         raise ValueError(f"stop_after_epochs must lie in 1..{plan.epochs - 1} for {branch}, got {stop_after_epochs}")
     if validation_limit is not None and validation_limit < 1:
@@ -356,7 +359,13 @@ def _open_folder(branch: str, plan: Plan, folder: RunFolder, stop_after_epochs, 
             raise FileNotFoundError(f"--resume-from {resume_from}: no such state file (states are in <run>/states/)")
         data.check_path_access("learning", resume_from)
     run_dir = folder.open_for_writing(overwrite).path
-    if resume_from is not None and resume_from.parent.parent == run_dir:
+    states = sorted(folder.states.glob("epoch-*.pt.gz"), key=_epoch_of)
+    if resume_from is None and states and not (restart or overwrite):
+        raise UnfinishedRunError(
+            f"{display_path(run_dir)} holds an unfinished attempt (newest state "
+            f"{states[-1].relative_to(run_dir)}): pass --resume-from {display_path(states[-1])} to continue it, "
+            "or --restart to delete it and start afresh")
+    if resume_from is not None and same_folder(resume_from.parent.parent, run_dir):  # links and `..` resolved
         # Resuming in the run's own folder: states of later epochs belong to a lost attempt,
         # and so do the half-written files of a killed write (atomic_write_bytes' temporaries).
         removed = [p for p in folder.states.glob("epoch-*.pt.gz") if _epoch_of(p) > _epoch_of(resume_from)]
@@ -427,6 +436,7 @@ def run_branch(
     validation_limit: int | None = None,
     device: str | None = None,
     overwrite: bool = False,
+    restart: bool = False,
     progress: bool = True,
     greedy_eval: bool = True,
 ) -> dict:
@@ -438,7 +448,7 @@ def run_branch(
                        finished (no model, no FINISHED marker)
     resume_from        a state file of the same run (same identity) to continue from with a
                        fresh model object, optimizer and generator
-    validation_limit   score only the first N validation problems (tests)
+    validation_limit   score only the first N validation problems (tests); restart: see _open_folder
     greedy_eval        measure the greedy validation accuracy of the starting model (full runs
                        only) and of the final model (the resume check's second run skips it)
     """
@@ -446,7 +456,7 @@ def run_branch(
     check_branch(branch)
     plan = make_plan(config, branch)
     folder = RunFolder(run_dir if run_dir is not None else default_run_dir(config.name, branch))
-    resume_from = _open_folder(branch, plan, folder, stop_after_epochs, validation_limit, resume_from, overwrite)
+    resume_from = _open_folder(branch, plan, folder, stop_after_epochs, validation_limit, resume_from, overwrite, restart)
     began = time.perf_counter()
 
     # Stage 1: the starting model, the data, the plan

@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import copy
 import gzip
+import hashlib
 import io
 import random
 import struct
@@ -44,7 +45,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from .runs import atomic_write_bytes, check_recorded_digest, sha256_bytes
+from .runs import atomic_writer, check_recorded_digest
 
 STATE_VERSION = 1
 VERSION_KEY = "labkit_state_version"
@@ -179,25 +180,60 @@ def restore_state(
 # -- 3. save and load ---------------------------------------------------------------------
 
 
-def save_state(path: str | Path, state: dict, evidence: dict | None = None) -> dict:
+class _CountingSink:
+    """A write-only file that passes bytes on to `target`, counting them and hashing them."""
+
+    def __init__(self, target):
+        self.target, self.bytes, self.sha256 = target, 0, hashlib.sha256()
+        self.error: OSError | None = None  # torch.save turns a writer's OSError into a bare RuntimeError
+
+    def write(self, data) -> int:
+        view = memoryview(data)
+        try:
+            self.target.write(view)
+        except OSError as err:  # e.g. no space left on device: kept so save_state can raise it as it was
+            self.error = self.error or err
+            raise
+        self.bytes += view.nbytes
+        self.sha256.update(view)
+        return view.nbytes
+
+    def flush(self) -> None:
+        self.target.flush()
+
+
+def save_state(path: str | Path, state: dict, evidence: dict | None = None, compresslevel: int = 1) -> dict:
     """Write `state` (and the uncompared `evidence`, e.g. timings) as gzip level 1, atomically.
 
+    compresslevel: 1 (the lab's runs: fast, float32 weights shrink only to about 93%); 0 stores the
+    bytes uncompressed in the same gzip format (a test that measures something else).
+
+    The tensors stream through the compressor into a temporary file that is renamed into
+    place: no uncompressed or compressed copy of the whole state is ever held in memory
+    (the save needs little beyond the state itself, which lets a full-size qwen state be
+    saved on a machine with twice its size in memory).
     Returns {"path", "bytes", "raw_bytes", "sha256", "save_seconds"}: the file's size,
     the size before compression, its digest, and the time the save took.
     """
     begun = time.perf_counter()
-    buffer = io.BytesIO()
-    buffer.write(MAGIC)
-    torch.save({VERSION_KEY: STATE_VERSION, "state": state, "evidence": evidence or {}}, buffer)
-    raw = buffer.getvalue()
-    # mtime=0: the same state gives the same bytes, so the digest names the content
-    data = gzip.compress(raw, compresslevel=1, mtime=0)
-    atomic_write_bytes(path, data)
+    with atomic_writer(path) as f:
+        compressed = _CountingSink(f)
+        # mtime=0 and no file name: the same state gives the same bytes, so the digest names the content
+        with gzip.GzipFile(filename="", mode="wb", compresslevel=compresslevel, fileobj=compressed,
+                           mtime=0) as gz:
+            raw = _CountingSink(gz)
+            try:
+                raw.write(MAGIC)
+                torch.save({VERSION_KEY: STATE_VERSION, "state": state, "evidence": evidence or {}}, raw)
+            except RuntimeError:
+                if raw.error is not None:
+                    raise raw.error from None
+                raise
     return {
         "path": str(path),
-        "bytes": len(data),
-        "raw_bytes": len(raw),
-        "sha256": sha256_bytes(data),
+        "bytes": compressed.bytes,
+        "raw_bytes": raw.bytes,
+        "sha256": compressed.sha256.hexdigest(),
         "save_seconds": time.perf_counter() - begun,
     }
 
@@ -207,23 +243,27 @@ def load_state(path: str | Path) -> tuple[dict, dict]:
 
     Refuses (StateFileError) any file that is not gzip, lacks the lab's MAGIC line,
     or carries another version, before unpickling it: unpickling is allowed only
-    for files this lab wrote locally.
+    for files this lab wrote locally.  Memory: about twice the state's tensors at the peak (the
+    decompressed bytes, then those and the loaded tensors); the compressed file is streamed.
     """
     path = Path(path)
     check_recorded_digest(path)  # the digest its run folder recorded when it was saved
-    blob = path.read_bytes()
-    if blob[:2] != b"\x1f\x8b":
+    with open(path, "rb") as f:
+        head = f.read(2)
+    if head != b"\x1f\x8b":
         raise StateFileError(f"{path} is not a gzip file, so not a state written by labkit.state.save_state")
     try:
-        raw = gzip.decompress(blob)
+        with gzip.open(path, "rb") as gz:  # streamed: the compressed file is never held whole
+            if gz.read(len(MAGIC)) != MAGIC:
+                raise StateFileError(
+                    f"{path} does not start with the lab's header {MAGIC!r}; refusing to unpickle a file "
+                    "this lab did not write"
+                )
+            raw = gz.read()  # the payload without the header (bytes: io.BytesIO shares it, no copy)
     except (OSError, EOFError, zlib.error) as err:  # a flipped bit or a cut file: gzip's own checks catch it
         raise StateFileError(f"{path} is damaged or truncated ({type(err).__name__}: {err})") from None
-    if not raw.startswith(MAGIC):
-        raise StateFileError(
-            f"{path} does not start with the lab's header {MAGIC!r}; refusing to unpickle a file "
-            "this lab did not write"
-        )
-    payload = torch.load(io.BytesIO(raw[len(MAGIC):]), map_location="cpu", weights_only=False)
+    payload = torch.load(io.BytesIO(raw), map_location="cpu", weights_only=False)
+    del raw
     version = payload.get(VERSION_KEY) if isinstance(payload, dict) else None
     if version != STATE_VERSION:
         raise StateFileError(f"{path} has {VERSION_KEY}={version!r}; this labkit reads version {STATE_VERSION}")

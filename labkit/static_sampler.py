@@ -35,7 +35,6 @@ sampler, the fast one and `generate()`.
 
 from __future__ import annotations
 
-import time
 
 import torch
 
@@ -247,25 +246,8 @@ def sample_static(
     Arguments as `sampling.sample_fast`'s; each rollout's `seconds` is its batch's wall time
     divided by the batch size.
     """
-    seeds = sampling._check_arguments(model, prompts, seeds, greedy, max_new_tokens, temperature, top_k, top_p,
-                                      problem_ids)
-    eos = sampling._eos_id(tokenizer, eos_token_id)
-    digest = sampling._policy_digest(model, policy_digest)
-    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos
-    size = len(prompts) if batch_size is None else batch_size
-    if isinstance(size, bool) or not isinstance(size, int) or size < 1:
-        raise ValueError(f"batch_size must be a positive integer, got {batch_size!r}")
-    rollouts = []
-    for first in range(0, len(prompts), size):
-        chunk = range(first, min(first + size, len(prompts)))
-        start = time.perf_counter()
-        responses, logprobs = _sample_static_batch(
-            model, [prompts[i] for i in chunk], [seeds[i] for i in chunk], max_new_tokens, eos, pad_id
-        )
-        seconds = (time.perf_counter() - start) / len(chunk)
-        for k, i in enumerate(chunk):
-            problem_id = problem_ids[i] if problem_ids is not None else None
-            rollout_id = rollout_ids[i] if rollout_ids is not None else sampling._rollout_id(problem_id, seeds[i], i)
-            rollouts.append(sampling._make_rollout(tokenizer, eos, prompts[i], responses[k], logprobs[k], seconds,
-                                                   digest, "static", seeds[i], problem_id, rollout_id))
-    return rollouts
+    return sampling.sample_in_batches(_sample_static_batch, "static", model, tokenizer, prompts, seeds,
+                                      greedy=greedy, max_new_tokens=max_new_tokens, problem_ids=problem_ids,
+                                      rollout_ids=rollout_ids, eos_token_id=eos_token_id,
+                                      policy_digest=policy_digest, temperature=temperature, top_k=top_k,
+                                      top_p=top_p, batch_size=batch_size)

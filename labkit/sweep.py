@@ -48,12 +48,18 @@ def results_file(sweep_file: str | Path) -> str:
 def _read_spec(path: Path) -> list[dict]:
     if not path.is_file():
         raise FileNotFoundError(f"sweep file {path} does not exist")
-    if path.suffix == ".toml":
-        import tomllib
+    import tomllib
 
-        spec = tomllib.loads(path.read_text(encoding="utf-8"))
-    else:
-        spec = json.loads(path.read_text(encoding="utf-8"))
+    kind = "TOML" if path.suffix == ".toml" else "JSON"
+    try:
+        text = path.read_text(encoding="utf-8")
+        if not text.strip():
+            raise ValueError(f"sweep file {path} is empty: expected {kind} with a top-level 'runs' list")
+        spec = tomllib.loads(text) if kind == "TOML" else json.loads(text)
+    except UnicodeDecodeError as err:
+        raise ValueError(f"sweep file {path} is not UTF-8 text (byte {err.start}): expected {kind}") from None
+    except (json.JSONDecodeError, tomllib.TOMLDecodeError) as err:
+        raise ValueError(f"sweep file {path} is not valid {kind} ({err})") from None
     runs = spec.get("runs") if isinstance(spec, dict) else None
     if not isinstance(runs, list) or not runs:
         raise ValueError(f"{path}: expected a top-level 'runs' list of {{'name', 'options'}}")
@@ -79,10 +85,17 @@ def load_runs(path: str | Path, preset: str = "tiny") -> list[tuple[str, Variant
         if not name or not all(c.isalnum() or c in "_-" for c in name) or name in seen:
             raise ValueError(f"{path}: run {k} name {name!r} must be unique, letters, digits, '_' or '-'")
         seen.add(name)
-        options = dict(entry.get("options", {}))
+        options = entry.get("options", {})
+        if not isinstance(options, dict):
+            raise ValueError(f"{path}: run {k} ({name}) options {options!r}: expected an object of option: value "
+                             'pairs, e.g. {"kl": "none"}')
+        options = dict(options)
         if options.get("random_reward_p") == "warm_start_p":
             options["random_reward_p"] = read_json(REPO_ROOT / "runs" / preset / "group_size" / "warm_start_p.json")["p"]
-        out.append((name, Variant.from_dict(options)))
+        try:
+            out.append((name, Variant.from_dict(options)))
+        except (TypeError, ValueError) as err:
+            raise ValueError(f"{path}: run {k} ({name}): {err}") from None
     return out
 
 
@@ -137,7 +150,7 @@ def run_one(spec: dict) -> dict:
     if not RunFolder(folder).is_finished():
         config = get_preset(spec["preset"]).with_overrides(**spec.get("config_overrides", {}))
         grpo.run_grpo(config, folder, group_size=spec["group_size"], iterations=spec["iterations"],
-                      start_file=spec["start_file"], sampler=spec["sampler"], progress=False,
+                      start_file=spec["start_file"], sampler=spec["sampler"], progress=False, restart=True,
                       variant=Variant.from_dict(spec["options"]))
         trained = True
     evaluated = False

@@ -90,6 +90,12 @@ def load_tiny_tokenizer(path: Path = ASSET_DIR):
     """The committed tiny tokenizer."""
     from transformers import AutoTokenizer
 
-    if not (Path(path) / "tokenizer.json").exists():
-        raise FileNotFoundError(f"no tiny tokenizer in {path}; build it with `python -m labkit tokenizer`")
-    return AutoTokenizer.from_pretrained(str(path))
+    file = Path(path) / "tokenizer.json"
+    if not file.exists():
+        raise FileNotFoundError(f"no tiny tokenizer at {file}; it is committed with the lab: restore it with "
+                                f"`git checkout -- {path}`")
+    try:
+        return AutoTokenizer.from_pretrained(str(path))
+    except Exception as err:  # the tokenizers library raises plain Exceptions for a damaged file
+        raise ValueError(f"{file} cannot be read as a tokenizer ({err}); restore it with "
+                         f"`git checkout -- {path}`") from None

@@ -70,9 +70,14 @@ class Variant:
                 raise ValueError(f"variant {name}={getattr(self, name)!r}: expected one of {allowed}")
         if not isinstance(self.scale_by_std, bool):
             raise ValueError(f"variant scale_by_std={self.scale_by_std!r}: expected true or false")
-        if not self.length_penalty >= 0.0:
-            raise ValueError(f"variant length_penalty={self.length_penalty!r}: must be >= 0")
-        if self.updates_per_iteration is not None and (not isinstance(self.updates_per_iteration, int)
+        if isinstance(self.length_penalty, bool) or not isinstance(self.length_penalty, (int, float)) \
+                or not self.length_penalty >= 0.0:
+            raise ValueError(f"variant length_penalty={self.length_penalty!r}: a number >= 0")
+        if self.random_reward_p is not None and (isinstance(self.random_reward_p, bool)
+                                                 or not isinstance(self.random_reward_p, (int, float))):
+            raise ValueError(f"variant random_reward_p={self.random_reward_p!r}: a number in [0, 1]")
+        if self.updates_per_iteration is not None and (isinstance(self.updates_per_iteration, bool)
+                                                       or not isinstance(self.updates_per_iteration, int)
                                                        or self.updates_per_iteration < 1):
             raise ValueError(f"variant updates_per_iteration={self.updates_per_iteration!r}: a positive integer")
         if self.reward == "random" and not (self.random_reward_p is not None and 0.0 <= self.random_reward_p <= 1.0):
@@ -83,6 +88,9 @@ class Variant:
     @classmethod
     def from_dict(cls, options: dict) -> "Variant":
         """A variant from plain options; an unknown key is an error naming the known ones."""
+        if not isinstance(options, dict):
+            raise ValueError(f"variant options {options!r}: expected an object of option: value pairs, "
+                             f"e.g. {{\"kl\": \"none\"}}")
         known = {f.name for f in fields(cls)}
         unknown = sorted(set(options) - known)
         if unknown:

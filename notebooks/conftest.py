@@ -1,4 +1,9 @@
-"""nbval's kernels start one at a time across processes.
+"""nbval's kernels start one at a time across processes, with the chapters' knobs drawn as static figures.
+
+The knobs (`labkit.knobs`) show sliders in JupyterLab; a widget's output names a random model id,
+so under nbval they draw their figure at the default setting instead (LABKIT_KNOBS=0, inherited
+by every kernel started from here), as the stored outputs do.
+
 
 `make test` runs nbval twice side by side (native and portable kernels).  A kernel's ports are
 chosen free by its parent, then bound by the kernel a moment later; two processes choosing at
@@ -9,11 +14,13 @@ dies drops its lock.
 """
 
 import fcntl
+import os
 import tempfile
 from pathlib import Path
 
 import nbval.kernel
 
+os.environ["LABKIT_KNOBS"] = "0"
 _start_new_kernel = nbval.kernel.start_new_kernel
 LOCK = Path(tempfile.gettempdir()) / "labkit-nbval-kernel-start.lock"
 

@@ -12,7 +12,9 @@ loopback address is blocked and counted as a failure.  For every page it checks:
   in its source: MathJax 3 does not break lines itself);
 - every image loaded (`naturalWidth > 0`), and every figure (a notebook output image) has alt text;
 - every internal link resolves to an existing file, and its `#anchor`, if any, to an element
-  with that id (or name) on the target page.
+  with that id (or name) on the target page;
+- every folded cell (a solution, an instructor box) is closed when the page loads, and the chapters
+  with instructor boxes (INSTRUCTOR_BOXES) show at least one.
 
 It saves full-page screenshots of the landing page, of the exact-KL chapter and of the glossary
 (formulas) into --screenshots, then prints a summary (pages, requests, failures, formulas typeset) and exits 1
@@ -55,6 +57,10 @@ CHROMIUM_FLAGS = [
 LANDING_PAGE = "book/intro.html"
 KL_CHAPTER = "notebooks/05_exact_kl.html"
 FORMULA_PAGE = "book/glossary.html"  # formulas in every build, even before the KL chapter lands
+# The chapters whose verification cells (digests, rounding tolerances, replays) are folded into
+# instructor boxes: each page must show at least one, closed (tests/test_notebook_tags.py: the tags).
+INSTRUCTOR_BOXES = ("notebooks/02_one_group.html", "notebooks/05_exact_kl.html", "notebooks/06_grpo_run.html")
+INSTRUCTOR_PROMPT = "For instructors: how this is verified"
 NAVIGATION_TIMEOUT_MS = 30_000
 MATHJAX_TIMEOUT_MS = 20_000
 
@@ -102,6 +108,13 @@ async (mathjaxTimeoutMs) => {
                                   alt: (img.getAttribute("alt") || "").trim()})),
     links: Array.from(document.querySelectorAll("a[href]")).map((a) => a.href),
     anchors: Array.from(document.querySelectorAll("[id], a[name]")).map((el) => el.id || el.getAttribute("name")),
+    // folded cells (solutions, instructor boxes): their toggle text, and whether their content shows at load
+    folds: Array.from(document.querySelectorAll("details.hide")).map((el) => ({
+      summary: (el.querySelector("summary") || el).textContent.trim().split("\n")[0].trim(),
+      open: el.open,
+      shown: Array.from(el.children).filter((c) => c.tagName !== "SUMMARY")
+                                   .some((c) => c.getBoundingClientRect().height > 0),
+    })),
   };
 }
 """
@@ -276,6 +289,12 @@ def check_book(html_dir: Path, screenshots: Path) -> int:
                     if image["figure"] and not image["alt"]:
                         failures.append(f"{name}: figure without alt text: {image['src']} (set the cell's "
                                         "metadata mystnb.image.alt)")
+                for fold in report["folds"]:
+                    if fold["open"] or fold["shown"]:
+                        failures.append(f"{name}: the fold {fold['summary']!r} is open when the page loads")
+                folds = {f["summary"] for f in report["folds"]}
+                if name in INSTRUCTOR_BOXES and INSTRUCTOR_PROMPT not in folds:
+                    failures.append(f"{name}: no folded box {INSTRUCTOR_PROMPT!r} (its folds: {sorted(folds)})")
                 links[name] = report["links"]
                 anchors[name] = set(report["anchors"])
                 for href in report["links"]:  # a link to a placeholder host is a dead end for a reader

@@ -37,16 +37,22 @@ LOGS = ROOT / "_build" / "test-logs"
 # single process, rather than beside the unit tests' two workers and the processes they start, so
 # that the memory of the whole run stays within a laptop's.
 SMOKE = "tests/test_smoke.py"
+STUDENT_HTML = "_build/student_src/_build/html"  # the Makefile's STUDENT_HTML
 GROUPS = [
     [("prepare", ["make", "--no-print-directory", "setup", "mathjax", "browser"], {})],  # once, before phases share them
-    [("unit", [PY, "-m", "pytest", "-q", "-n", "2", "--dist", "loadfile", f"--ignore={SMOKE}", "tests"], {})],
+    [("unit", [PY, "-m", "pytest", "-q", "-n", "2", "--dist", "loadfile", "--durations=25", f"--ignore={SMOKE}",
+               "tests"], {})],
     [("nbval", [PY, "-m", "pytest", "-q", "--nbval", "--nbval-current-env", "notebooks"], {}),
      ("nbval, portable kernels", [PY, "-m", "pytest", "-q", "--nbval", "--nbval-current-env", "notebooks"], PORTABLE)],
     [("qwen-size smoke", [PY, "-m", "pytest", "-q", SMOKE], {}),
-     ("unit, portable kernels", [PY, "-m", "pytest", "-q", "-m", "portable", "tests"], PORTABLE)],
+     ("unit, portable kernels", [PY, "-m", "pytest", "-q", "--durations=15", "-m", "portable", "tests"], PORTABLE)],
     [("book", ["make", "--no-print-directory", "book"], {}),
      ("student book", ["make", "--no-print-directory", "student-book"], {})],
-    [("browser check", ["make", "--no-print-directory", "browser-check"], {})],
+    # the two books' browser checks side by side (the same checks as `make browser-check`)
+    [("browser check", [PY, "tests/browser_check.py", "_build/html", "--screenshots", "_build/screenshots"], {}),
+     ("browser check, student book",
+      ["sh", "-c", f"{PY} tests/browser_check.py {STUDENT_HTML} --screenshots _build/screenshots/student && "
+                   f"{PY} -m labkit.book check-student {STUDENT_HTML}"], {})],
 ]
 NAMES = [name for group in GROUPS for name, _, _ in group]
 

@@ -27,6 +27,7 @@ def test_shared_prompt_updates_agree_and_keep_less_for_backward(report):
     (G, updates), = report["updates"].items()
     assert G == 4 and updates["max_abs_logp_diff"] <= 5e-5
     assert updates["saved_bytes"]["shared"] < updates["saved_bytes"]["plain"]
+    assert updates["token_bound"] > 1
 
 
 def test_the_floor_counts_the_tiny_models_multiply_adds(report):
@@ -37,7 +38,7 @@ def test_the_floor_counts_the_tiny_models_multiply_adds(report):
 
 
 def test_an_iterations_parts_add_up_to_its_total(report):
-    assert len(report["iteration"]) == 2
+    assert len(report["iteration"]) == 3
     for parts in report["iteration"].values():
         assert sum(parts[k] for k in ("generation", "reference", "updates", "check", "bookkeeping")) \
             == pytest.approx(parts["total"], rel=1e-9)

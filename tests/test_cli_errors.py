@@ -73,3 +73,103 @@ def test_a_flipped_bit_in_the_warm_start_is_refused_before_any_work(tmp_path, ca
     assert f"{warm / 'model.safetensors'} has SHA-256 {sha256_file(warm / 'model.safetensors')}" in err, err
     assert "python -m labkit warm-start --preset tiny --overwrite" in err and len(err.strip().splitlines()) == 1
     assert not (tmp_path / "agreement.json").exists()
+
+
+# -- issue 27: every failure one line, naming the file and the rule -------------------------------------
+
+SWEEP_FILES = [
+    ("empty.json", b"", r"sweep file .*empty\.json is empty: expected JSON with a top-level 'runs' list"),
+    ("broken.json", b'{"runs": [', r"sweep file .*broken\.json is not valid JSON \(Expecting value"),
+    ("latin1.json", '{"runs": [{"name": "caf\u00e9"}]}'.encode("latin-1"),
+     r"sweep file .*latin1\.json is not UTF-8 text \(byte 23\): expected JSON"),
+    ("broken.toml", b"[[runs]\nname = 1", r"sweep file .*broken\.toml is not valid TOML \("),
+    ("five.json", b'{"runs": [{"name": "a", "options": 5}]}',
+     r"five\.json: run 0 \(a\) options 5: expected an object of option: value pairs"),
+    ("string.json", b'{"runs": [{"name": "a", "options": "kl=none"}]}',
+     r"string\.json: run 0 \(a\) options 'kl=none': expected an object"),
+    ("kl.json", b'{"runs": [{"name": "a", "options": {"kl": "exactly"}}]}',
+     r"kl\.json: run 0 \(a\): variant kl='exactly': expected one of \('exact', 'k3', 'none'\)"),
+    ("typed.json", b'{"runs": [{"name": "a", "options": {"updates_per_iteration": true}}]}',
+     r"typed\.json: run 0 \(a\): variant updates_per_iteration=True: a positive integer"),
+    ("big.json", b'{"runs": [{"name": "a", "options": {"length_penalty": "big"}}]}',
+     r"big\.json: run 0 \(a\): variant length_penalty='big': a number >= 0"),
+]
+
+
+@pytest.mark.parametrize("name, content, message", SWEEP_FILES, ids=[n for n, _, _ in SWEEP_FILES])
+def test_a_bad_sweep_file_is_refused_in_one_line_naming_it(tmp_path, capsys, name, content, message):
+    import re
+
+    path = tmp_path / name
+    path.write_bytes(content)
+    assert cli.main(["sweep", str(path), "--plan"]) == 2
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1 and "Traceback" not in err, err
+    assert re.search(message, err), err
+
+
+def test_system_errors_are_one_line_naming_the_file_and_the_cause():
+    import errno
+
+    full = OSError(errno.ENOSPC, "No space left on device", "runs/tiny/grpo/states/iter-010.pt.gz")
+    assert cli.error_line(full) == "runs/tiny/grpo/states/iter-010.pt.gz: no space left on device"
+    read_only = OSError(errno.EROFS, "Read-only file system", "runs/tiny/grpo/parts.json")
+    assert cli.error_line(read_only) == "runs/tiny/grpo/parts.json: read-only file system"
+
+
+def test_a_full_disk_during_a_state_save_names_the_file_and_leaves_nothing(tmp_path, monkeypatch):
+    """ENOSPC simulated at the file's write (torch.save would turn it into a bare RuntimeError)."""
+    import errno
+    import os
+
+    import torch
+
+    from labkit import state as state_lib
+
+    real_fdopen = os.fdopen
+
+    class Full:
+        def __init__(self, f):
+            self.f, self.written = f, 0
+
+        def write(self, data):
+            self.written += len(data)
+            if self.written > 4096:
+                raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+            return self.f.write(data)
+
+        def __getattr__(self, name):
+            return getattr(self.f, name)
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            return self.f.__exit__(*exc)
+
+    monkeypatch.setattr(os, "fdopen", lambda fd, mode: Full(real_fdopen(fd, mode)))
+    path = tmp_path / "states" / "iter-001.pt.gz"
+    with pytest.raises(OSError) as err:
+        state_lib.save_state(path, {"model": {"w": torch.randn(256, 256)}})
+    assert err.value.errno == errno.ENOSPC and err.value.filename == str(path)
+    assert cli.error_line(err.value) == f"{path}: no space left on device"
+    assert list((tmp_path / "states").iterdir()) == [], "no half-written file is left"
+
+
+def test_every_hint_names_a_command_that_exists():
+    """Each `python -m labkit CMD` (and `python -m labkit.book CMD`) a message or docstring gives parses
+    with --help."""
+    import re
+
+    from labkit import book
+
+    found = set()
+    for path in sorted((REPO_ROOT / "labkit").rglob("*.py")):
+        for match in re.finditer(r"python -m (labkit(?:\.book)?) ([a-z][a-z0-9-]*)", path.read_text()):
+            found.add((match.group(1), match.group(2), path.name))
+    assert len(found) > 20
+    for module, command, where in sorted(found):
+        parser = cli.build_parser() if module == "labkit" else book.build_parser()
+        with pytest.raises(SystemExit) as done:
+            parser.parse_args([command, "--help"])
+        assert done.value.code == 0, f"{where}: `python -m {module} {command}` is not a command"

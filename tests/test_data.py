@@ -206,3 +206,20 @@ def test_unknown_names_are_value_errors(args, message):
     # check_access(phase, kind, split)
     with pytest.raises(ValueError, match=message):
         data.check_access(*args)
+
+
+def test_labels_that_do_not_match_the_statements_are_refused_naming_both_files(tmp_path):
+    """Even with SHA256SUMS rewritten to match (a hand-made data folder), a label per statement id is checked."""
+    import hashlib
+
+    data.write_dataset(tmp_path)
+    labels = tmp_path / data.file_name("labels", "train")
+    lines = labels.read_text().splitlines(keepends=True)
+    labels.write_text("".join(lines[1:]))  # the first problem loses its label
+    sums = tmp_path / data.DIGESTS_FILE
+    sums.write_text("".join(
+        f"{hashlib.sha256((tmp_path / name).read_bytes()).hexdigest()}  {name}\n"
+        for name in [line.partition("  ")[2] for line in sums.read_text().splitlines()]))
+    with pytest.raises(data.ArtifactError, match=r"statements.* and .*labels.* do not hold the same problems "
+                                                 r"\(1000 statements, 999 labels; unlabelled ids: \['train-0000'\]\)"):
+        data.joined("train", phase="learning", data_dir=tmp_path)

@@ -119,3 +119,49 @@ def test_a_non_name_and_a_stub_are_named():
         exercises.check_ch09_one_update_run(stub)
     with pytest.raises(exercises.ExerciseError, match="pass your function itself"):
         exercises.check_ch09_one_update_run("run A1")
+
+
+# -- the rho = 1 exercise --------------------------------------------------------------------------------
+
+def stays_one(history, tol):
+    updates = [u for record in history for u in record["updates"]]
+    if not updates or any("ratio/min" not in u for u in updates):
+        return False
+    return all(abs(u["ratio/min"] - 1) <= tol and abs(u["ratio/max"] - 1) <= tol
+               and u["clip_ratio/region_mean"] == 0 for u in updates)
+
+
+def first_only(history, tol):
+    return all("ratio/min" in r["updates"][0] and abs(r["updates"][0]["ratio/max"] - 1) <= tol
+               for r in history if r["updates"])
+
+
+def clip_only(history, tol):
+    return all(u["clip_ratio/region_mean"] == 0 for r in history for u in r["updates"])
+
+
+def top_level_only(history, tol):
+    return all(r["clip_ratio/region_mean"] in (0.0, None) and (r["kl"] or 0) < 0.005 for r in history)
+
+
+def test_the_ratio_exercise_accepts_a_right_answer(capsys):
+    assert exercises.check_ch09_ratio_stays_one(stays_one)
+    assert "by the ratio alone" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("answer, named", [
+    (first_only, "look at every update of every iteration"),
+    (clip_only, "a zero clip fraction only says rho stayed inside"),
+    (top_level_only, "cross-entropy logs no ratio (and some iterations made no update)"),
+    (lambda h, tol: True, "look at every update"),
+    (lambda h, tol: False, "with one update per iteration every update is the first"),
+])
+def test_the_ratio_exercise_names_the_slip(answer, named):
+    with pytest.raises(exercises.ExerciseError, match=r"case \d of 6: ratio_stays_one") as err:
+        exercises.check_ch09_ratio_stays_one(answer)
+    assert named in str(err.value)
+
+
+def test_the_ratio_exercise_wants_a_bool():
+    with pytest.raises(exercises.ExerciseError, match="return True or False"):
+        exercises.check_ch09_ratio_stays_one(lambda h, tol: 1)

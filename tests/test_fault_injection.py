@@ -310,7 +310,16 @@ def test_a_fresh_start_after_stop_after_leaves_no_duplicate_rollouts(tmp_path, l
     assert ledger_rows(folder) == 2 * ROWS_PER_ITERATION
     assert (folder / "stopped-at-002.json").exists() and not is_finished(folder)
 
-    output = launch(folder, "--save-states-at", EVERY_ITERATION).finish()  # from scratch, no --resume-from
+    # a rerun that names neither --resume nor --restart is refused in one line, deleting nothing
+    refused = launch(folder, "--save-states-at", EVERY_ITERATION)
+    assert refused.proc.wait(timeout=WAIT_S) == 2
+    assert refused.output().strip().splitlines()[-1].endswith(
+        f"holds an unfinished attempt ({2 * ROWS_PER_ITERATION} rollouts, newest state states/iter-002.pt.gz): "
+        "pass --resume to continue "
+        "from its newest state, or --restart to delete it and start afresh"), refused.output()
+    assert names(folder, "states/*") == ["iter-001.pt.gz", "iter-002.pt.gz"]
+
+    output = launch(folder, "--save-states-at", EVERY_ITERATION, "--restart").finish()  # from scratch
     assert sorted(cut_or_removed(output)) == ["checkpoints.jsonl", "parts.json", "rollouts.jsonl.gz",
                                               "states/iter-001.pt.gz", "states/iter-002.pt.gz", "stopped-at-002.json",
                                               "timings.jsonl"]
@@ -458,3 +467,99 @@ def test_sft_refuses_a_state_whose_bytes_differ_from_its_ledger(tmp_path, launch
     output = run.output()
     assert run.proc.returncode == 2 and "Traceback" not in output, output
     assert output.strip().startswith(f"error: {path} has SHA-256"), output
+
+
+# -- 5. two writers, links, Ctrl-C, a full disk (issue 27) ------------------------------------------------
+#
+# Only what needs a second process (a lock holder, a signal) starts one; the runs themselves go
+# through the CLI in this process (`cli.main`), which costs no interpreter start-up.
+
+HOLDER = textwrap.dedent("""
+    import sys, time
+    from labkit.runs import hold_folder
+    hold_folder(sys.argv[1])
+    print("held", flush=True)
+    time.sleep(3600)
+""")
+
+
+def in_process(folder: Path, *args: str) -> int:
+    from labkit import cli
+
+    return cli.main(CLI[3:] + ["--run-dir", str(folder), *args])
+
+
+def test_a_second_writer_is_refused_at_once_and_a_killed_holder_leaves_no_lock(tmp_path, capsys, reference):
+    folder = tmp_path / "run"
+    folder.mkdir()
+    holder = subprocess.Popen([sys.executable, "-c", HOLDER, str(folder)], cwd=REPO_ROOT, stdout=subprocess.PIPE)
+    try:
+        assert holder.stdout.readline() == b"held\n"
+        assert in_process(folder, "--save-states-at", EVERY_ITERATION, "--restart") == 2
+        assert capsys.readouterr().err.strip().splitlines() == [
+            f"error: {folder} is being written by another process (pid {holder.pid}); "
+            "wait for it to end, or choose another folder"]
+        assert sorted(p.name for p in folder.iterdir()) == [".lock"], "the refused run wrote nothing"
+    finally:
+        holder.kill()
+        holder.wait(timeout=60)
+    # the kernel released the killed holder's lock: the folder is free at once
+    assert in_process(folder, "--save-states-at", EVERY_ITERATION) == 0
+    assert_equals_continuous(folder, reference)
+
+
+@pytest.mark.parametrize("spelling", ["link-as-folder", "link-in-state"])
+def test_a_resume_that_names_the_folder_through_a_link_keeps_every_state(tmp_path, capsys, reference, spelling):
+    target = tmp_path / "target"
+    assert in_process(target, "--stop-after", "2", "--save-states-at", "1") == 0
+    link = tmp_path / "link"
+    link.symlink_to(target, target_is_directory=True)
+    folder, state = ((link, target / "states" / "iter-001.pt.gz") if spelling == "link-as-folder"
+                     else (target, link / "states" / ".." / "states" / "iter-001.pt.gz"))
+    capsys.readouterr()
+    assert in_process(folder, "--save-states-at", EVERY_ITERATION, "--resume-from", str(state)) == 0
+    assert "states/iter-001.pt.gz" not in cut_or_removed(capsys.readouterr().out)
+    assert (target / "states" / "iter-001.pt.gz").is_file(), "the state resumed from is never deleted"
+    assert_equals_continuous(target, reference)
+
+
+def test_ctrl_c_with_the_default_options_saves_a_state_and_says_how_to_resume(tmp_path, launch, reference):
+    folder = tmp_path / "run"
+    run = launch(folder)  # no --save-states-at: only the run's own saves
+    run.wait_for("iteration 2's rows", lambda: ledger_rows(folder) >= 2 * ROWS_PER_ITERATION)
+    run.proc.send_signal(signal.SIGINT)
+    assert run.proc.wait(timeout=WAIT_S) == 130, run.output()
+    last = run.output().strip().splitlines()[-1]
+    found = re.fullmatch(r"interrupted: interrupted after iteration (\d): its state is (\S+); continue with the "
+                         r"same command and --resume", last)
+    assert found, run.output()
+    k = int(found.group(1))
+    assert 2 <= k < N and Path(found.group(2)) == folder / "states" / f"iter-{k:03d}.pt.gz"
+    assert ledger_rows(folder) == k * ROWS_PER_ITERATION
+    assert in_process(folder, "--resume") == 0
+    assert_equals_continuous(folder, reference)
+    # the interrupted attempt's state stays (the manifest names it as resumed from), and the last one
+    assert names(folder, "states/*") == [f"iter-{k:03d}.pt.gz", f"iter-{N:03d}.pt.gz"]
+    assert read_json(folder / "manifest.json")["resumed_from"] == str(folder / "states" / f"iter-{k:03d}.pt.gz")
+
+
+@pytest.fixture
+def small_filesystem(tmp_path):
+    """A 3 MB tmpfs the test mounts (root on Linux), unmounted afterwards; skipped where the OS refuses
+    (tests/test_cli_errors.py simulates ENOSPC at the state's write everywhere)."""
+    mount = tmp_path / "small"
+    mount.mkdir()
+    made = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=3m", "tmpfs", str(mount)], capture_output=True)
+    if made.returncode != 0:
+        pytest.skip(f"cannot mount a small filesystem here ({made.stderr.decode().strip()}); "
+                    "the simulated ENOSPC test covers the message")
+    yield mount
+    subprocess.run(["umount", "-l", str(mount)], check=False)
+
+
+def test_a_full_disk_ends_the_run_in_one_line_naming_the_file(small_filesystem, capsys):
+    folder = small_filesystem / "run"
+    assert in_process(folder) == 2  # the run's last state (about 11 MB) cannot fit in 3 MB
+    err = capsys.readouterr().err
+    assert re.fullmatch(rf"error: {re.escape(str(folder))}/\S+: no space left on device", err.strip()), err
+    assert not list(folder.rglob("*.tmp")), "the half-written file was removed"

@@ -160,7 +160,13 @@ def test_a_killed_run_resumed_in_place_keeps_every_rollout_once(tmp_path, start_
 def test_a_fresh_start_in_an_unfinished_folder_leaves_no_old_rollouts(tmp_path, start_file):
     folder = tmp_path / "run"
     run(folder, start_file, stop_after=2, save_states_at=(1,))
-    run(folder, start_file)
+    # a rerun that says neither resume nor restart is refused, and deletes nothing
+    with pytest.raises(grpo.UnfinishedRunError,
+                       match=r"holds an unfinished attempt \(16 rollouts, newest state states/iter-002\.pt\.gz\): "
+                             r"pass --resume .* or --restart"):
+        run(folder, start_file)
+    assert sorted(p.name for p in (folder / "states").iterdir()) == ["iter-001.pt.gz", "iter-002.pt.gz"]
+    run(folder, start_file, restart=True)
     rows = grpo.read_rollouts(folder)
     assert len(rows) == 24 and len({r["rollout_id"] for r in rows}) == 24
     assert sorted(p.name for p in (folder / "states").iterdir()) == ["iter-003.pt.gz"]
@@ -262,3 +268,60 @@ def test_shared_prompt_scoring_trains_the_same_policy_within_rounding(tmp_path, 
     gap = norm(zip(a.parameters(), b.parameters()))
     moved = norm(zip(a.parameters(), start.parameters()))
     assert gap < 0.1 * moved, f"weights differ by {gap:.2e} (L2) after 6 updates that moved them by {moved:.2e}"
+
+
+def test_a_resume_that_would_stop_before_its_state_is_refused_and_changes_nothing(tmp_path, start_file):
+    folder = tmp_path / "run"
+    run(folder, start_file, stop_after=2)
+    before = sorted(p.name for p in folder.rglob("*") if p.is_file())
+    with pytest.raises(ValueError, match=r"stop_after 1: .*iter-002\.pt\.gz is already after iteration 2"):
+        run(folder, start_file, resume_from=folder / "states" / "iter-002.pt.gz", stop_after=1)
+    assert sorted(p.name for p in folder.rglob("*") if p.is_file()) == before  # no stray stopped-at-001.json
+
+
+def test_resume_takes_the_newest_state_and_autosaves_go_once_the_run_finishes(tmp_path, start_file, continuous,
+                                                                              monkeypatch):
+    monkeypatch.setattr(grpo, "AUTOSAVE_ITERATIONS", 1)  # a state after every iteration
+    folder = tmp_path / "run"
+    run(folder, start_file, stop_after=2)  # iteration 1's autosave goes once iteration 2's state is saved
+    assert sorted(p.name for p in (folder / "states").iterdir()) == ["iter-002.pt.gz"]
+    with pytest.raises(ValueError, match="give one"):
+        run(folder, start_file, resume=True, resume_from=folder / "states" / "iter-002.pt.gz")
+    manifest = run(folder, start_file, resume=True)
+    assert manifest["resumed_from"] == str(folder / "states" / "iter-002.pt.gz")
+    assert manifest["final_digest"] == continuous[1]["final_digest"]
+    assert sorted(p.name for p in (folder / "states").iterdir()) == ["iter-002.pt.gz", "iter-003.pt.gz"]
+    assert sorted(manifest["ledger"]["files"]) == ["history.json", "model.safetensors", "states/iter-002.pt.gz",
+                                                   "states/iter-003.pt.gz"]
+
+
+@pytest.mark.parametrize("damage", ["edited", "deleted"])
+def test_a_finished_runs_manifest_is_checked_before_its_model_is_trusted(tmp_path, continuous, damage):
+    from labkit.runs import ArtifactError, RunFolder
+
+    folder = shutil.copytree(continuous[0], tmp_path / "run")
+    manifest = folder / "manifest.json"
+    if damage == "edited":
+        manifest.write_text(manifest.read_text().replace('"updates": 6', '"updates": 7'))
+        expected = r"manifest\.json has SHA-256 .* but .*FINISHED recorded .*: the manifest was edited or damaged"
+    else:
+        manifest.unlink()
+        expected = r"manifest\.json is missing, but .*FINISHED says the run finished with one"
+    with pytest.raises(ArtifactError, match=expected):
+        RunFolder(folder).manifest()
+    with pytest.raises(ArtifactError, match=expected):  # a model is checked against its run's records
+        models.load("tiny", state=folder / "model.safetensors")
+
+
+@pytest.mark.parametrize("sampler", ["fast", "static"])
+def test_the_batched_samplers_train_the_protocols_policy(tmp_path, start_file, continuous, sampler):
+    """Their tokens are the reference sampler's (tests/test_sampling.py, tests/test_static_sampler.py),
+    so the run is the same run: the same rollouts and the same final weights, bit for bit."""
+    manifest = run(tmp_path / "run", start_file, sampler=sampler)
+    assert manifest["final_digest"] == continuous[1]["final_digest"]
+    # the sampler's own log-probs differ in float rounding only (the pre-update check's tolerance)
+    own = ("sampler", "seconds", "old_logprobs")
+    strip = lambda rows: [{k: v for k, v in r.items() if k not in own} for r in rows]  # noqa: E731
+    rows, protocol = grpo.read_rollouts(tmp_path / "run"), grpo.read_rollouts(continuous[0])
+    assert strip(rows) == strip(protocol)
+    assert max(abs(a - b) for r, q in zip(rows, protocol) for a, b in zip(r["old_logprobs"], q["old_logprobs"])) <= 2e-4

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import json
+import shutil
+
 import pytest
 import torch
 from transformers import Qwen2Config, Qwen2ForCausalLM
@@ -59,7 +62,28 @@ def small_qwen_dir(tmp_path, tokenizer):
     return tmp_path
 
 
-def test_loading_a_small_qwen2_is_refused_with_the_parameter_count(small_qwen_dir):
+def test_another_models_config_is_refused_before_anything_is_built(small_qwen_dir, tmp_path, monkeypatch):
+    built = []
+    monkeypatch.setattr(models.Qwen2ForCausalLM, "from_pretrained", lambda *a, **k: built.append(a))
+    with pytest.raises(ValueError) as err:
+        models.load("qwen", path=small_qwen_dir, device="cpu")
+    assert str(err.value).startswith(f"{small_qwen_dir / 'config.json'} is not Qwen/Qwen2.5-0.5B-Instruct's config: ")
+    assert "hidden_size is 32, expected 896" in str(err.value) and "\n" not in str(err.value)
+    # a GPT-2's folder (what once filled 10.7 GB building a default-size Qwen2 from it)
+    gpt2 = shutil.copytree(small_qwen_dir, tmp_path / "gpt2")
+    (gpt2 / "config.json").write_text(json.dumps({"model_type": "gpt2", "architectures": ["GPT2LMHeadModel"],
+                                                   "n_embd": 768, "n_layer": 12, "vocab_size": 50257}))
+    with pytest.raises(ValueError, match=r"model_type is 'gpt2', expected 'qwen2'; architectures is "
+                                         r"\['GPT2LMHeadModel'\]"):
+        models.load("qwen", path=gpt2, device="cpu")
+    (gpt2 / "config.json").write_text('{"model_type": "qwen2",')
+    with pytest.raises(ValueError, match=r"config\.json is not a JSON config \(Expecting"):
+        models.load("qwen", path=gpt2, device="cpu")
+    assert built == []
+
+
+def test_loading_a_small_qwen2_is_refused_with_the_parameter_count(small_qwen_dir, monkeypatch):
+    monkeypatch.setattr(models, "check_qwen_config_file", lambda path: None)  # let it reach the built model
     with pytest.raises(ValueError) as err:
         models.load("qwen", path=small_qwen_dir, device="cpu")
     message = str(err.value)
@@ -72,6 +96,7 @@ def test_loading_a_small_qwen2_is_refused_with_the_parameter_count(small_qwen_di
 def test_the_loading_path_gives_fp32_eager_eval_tied_without_tf32(small_qwen_dir, monkeypatch):
     checked = []
     monkeypatch.setattr(models, "check_qwen", checked.append)  # let the small model through
+    monkeypatch.setattr(models, "check_qwen_config_file", lambda path: None)
     torch.backends.cuda.matmul.allow_tf32 = True
     model, tok = models.load("qwen", path=small_qwen_dir, device="cpu")
     assert checked == [model]
@@ -217,3 +242,16 @@ def test_saved_model_bytes_do_not_depend_on_the_header_order(tmp_path):
     model = models.new_tiny_model(0, load_tiny_tokenizer())
     first, second = models.save_model(model, tmp_path / "1.safetensors"), models.save_model(model, tmp_path / "2.safetensors")
     assert first.read_bytes() == second.read_bytes()
+
+
+def test_a_missing_or_damaged_tiny_tokenizer_is_named_with_the_way_to_restore_it(tmp_path):
+    from labkit.tokenizer import ASSET_DIR
+
+    with pytest.raises(FileNotFoundError, match=r"no tiny tokenizer at .*tokenizer\.json; it is committed with the "
+                                                r"lab: restore it with `git checkout -- "):
+        load_tiny_tokenizer(tmp_path)
+    copy = shutil.copytree(ASSET_DIR, tmp_path / "tiny")
+    text = (copy / "tokenizer.json").read_text()
+    (copy / "tokenizer.json").write_text(text[: len(text) // 2])
+    with pytest.raises(ValueError, match=r"tokenizer\.json cannot be read as a tokenizer \(.*\); restore it with"):
+        load_tiny_tokenizer(copy)

@@ -5,8 +5,11 @@
   only shows wall-clock times or memory: it carries a second tag, `timing`, and defines
   nothing that a later cell uses (so it can only show, never feed, the chapter).
 - No cell is skipped by nbval (`nbval-skip`, `nbval-ignore-output` on a whole notebook, ...).
-- Every exercise solution (`solution`) is folded in the instructor's book (`hide-input`), and
-  nothing else is folded: the toggle reads "Show solution".
+- Every exercise solution (`solution`) is folded in the instructor's book (`hide-input`): the
+  toggle reads "Show solution".  A verification cell (digests, rounding tolerances, replays) may be
+  folded whole as an instructor box (`instructor` with `hide-cell`, the toggle "For instructors:
+  how this is verified", set in the cell's `mystnb` metadata); nothing else is folded.  Student
+  copies keep the instructor boxes (tests/test_student_copies.py); chapters 2, 5 and 6 have them.
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ NOTEBOOKS = sorted((REPO_ROOT / "notebooks").glob("*.ipynb"))
 IGNORE = "nbval-ignore-output"
 CHECKED = re.compile(r"^\s*assert\b|\bcheck_\w+\(", re.MULTILINE)
 SKIPPING_TAGS = {"nbval-skip", "skip-execution", "raises-exception", "nbval-raises-exception"}
+INSTRUCTOR_PROMPT = "For instructors: how this is verified"
 
 
 def _tags(cell) -> set[str]:
@@ -64,6 +68,13 @@ def tag_problems(nb) -> list[str]:
             problems.append(f"{where} has {IGNORE} but neither asserts nor calls a checker: its values go unchecked")
         if ("hide-input" in tags) != ("solution" in tags):
             problems.append(f"{where}: hide-input goes with solution, and only with it (tags {sorted(tags)})")
+        if ("hide-cell" in tags) != ("instructor" in tags):
+            problems.append(f"{where}: hide-cell goes with instructor, and only with it (tags {sorted(tags)})")
+        if "instructor" in tags and cell.metadata.get("mystnb", {}).get("code_prompt_show") != INSTRUCTOR_PROMPT:
+            problems.append(f"{where}: an instructor box's toggle must read {INSTRUCTOR_PROMPT!r} "
+                            "(metadata mystnb.code_prompt_show)")
+        if tags & {"hide-output", "remove-cell", "remove-input", "remove-output"}:
+            problems.append(f"{where} is hidden or removed from the book ({sorted(tags)}): fold it as an instructor box")
     return problems
 
 
@@ -87,6 +98,17 @@ def test_the_rule_catches_each_broken_promise():
     assert "skipped" in skipped
     [unfolded] = tag_problems(_nb(("def f(): pass", ["solution"])))
     assert "hide-input goes with solution" in unfolded
+    box = tag_problems(_nb(("assert 1", ["instructor"])))
+    assert len(box) == 2 and "hide-cell goes with instructor" in box[0]
+    [prompt] = tag_problems(_nb(("assert 1", ["instructor", "hide-cell"])))
+    assert "an instructor box's toggle must read" in prompt
+
+
+@pytest.mark.parametrize("chapter", ["02_one_group", "05_exact_kl", "06_grpo_run"])
+def test_the_verification_cells_of_chapters_2_5_and_6_are_instructor_boxes(chapter):
+    nb = nbformat.read(REPO_ROOT / "notebooks" / f"{chapter}.ipynb", as_version=4)
+    boxes = [c for c in nb.cells if "instructor" in _tags(c)]
+    assert len(boxes) >= 3 and all(CHECKED.search(c.source) for c in boxes)
 
 
 def test_there_are_chapters_to_check():

@@ -205,3 +205,17 @@ def test_resume_refuses_another_runs_state(checked, factory, tmp_path):
         sft.run_branch(other, "warm_start", tmp_path / "x", model_factory=factory, progress=False,
                        resume_from=root / "scratch" / "stop" / "states" / "epoch-1.pt.gz",
                        validation_limit=VALIDATION_LIMIT)
+
+
+def test_a_rerun_into_an_unfinished_attempt_is_refused_unless_restarted(tmp_path, factory):
+    from labkit.runs import UnfinishedRunError
+
+    folder = tmp_path / "run"
+    common = dict(model_factory=factory, validation_limit=VALIDATION_LIMIT, progress=False, greedy_eval=False)
+    sft.run_branch(SHORT, "warm_start", folder, stop_after_epochs=1, **common)
+    with pytest.raises(UnfinishedRunError, match=r"holds an unfinished attempt \(newest state states/epoch-1\.pt\.gz\): "
+                                                 r"pass --resume-from .*epoch-1\.pt\.gz to continue it, or --restart"):
+        sft.run_branch(SHORT, "warm_start", folder, **common)
+    assert (folder / "states" / "epoch-1.pt.gz").is_file(), "the refusal deleted nothing"
+    manifest = sft.run_branch(SHORT, "warm_start", folder, restart=True, **common)
+    assert manifest["status"] == "finished"

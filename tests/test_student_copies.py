@@ -137,6 +137,9 @@ def test_command_writes_every_chapter_and_keeps_every_other_cell(tmp_path, capsy
                 assert mine.source == theirs.source and mine.outputs == []
             else:
                 assert mine == theirs, f"{path.name} cell {index} changed in the student copy"
+        # the instructor boxes (folded verification cells) stay in the student's copy, folded the same way
+        boxes = [c for c in instructor.cells if "instructor" in c.metadata.get("tags", [])]
+        assert [c for c in copy_nb.cells if "instructor" in c.metadata.get("tags", [])] == boxes
 
 
 def test_student_copy_of_chapter_1_runs_and_its_check_says_your_turn(tmp_path):

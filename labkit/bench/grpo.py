@@ -18,9 +18,10 @@ alternating within a repeat so that a change in the machine's load hits them ali
 3. The updates' forward and backward, plain (every row its full prompt) against shared-prompt
    scoring (`labkit.shared_prompt`), on real rollouts at G = 4 and 8, with the bytes each path
    keeps for the backward pass (its activation memory, counted by a saved-tensors hook).
-4. One real iteration of the loop (`grpo.run_iteration`) in two set-ups, the protocol's
-   (reference sampler, plain scoring) and the fast one (fast sampler, shared scoring), split
-   into generation, reference forward, updates, pre-update check and bookkeeping.
+4. One real iteration of the loop (`grpo.run_iteration`) in three set-ups, the protocol's
+   (reference sampler, plain scoring), the fast sampler with shared scoring, and the static
+   sampler with shared scoring (`grpo --sampler static --scoring shared`), split into
+   generation, reference forward, updates, pre-update check and bookkeeping.
 
     python -m labkit bench grpo [--threads 1] [--repeats 3] [--quick]
 
@@ -213,9 +214,15 @@ def bench_updates(model, tokenizer, group_sizes: tuple[int, ...], max_new_tokens
               f"saved for backward {memory['plain'] / 2**20:7.1f} MiB")
         print(f"    shared {report['shared_s']:7.3f} s   {tokens / report['shared_s']:8.0f} tokens/s   "
               f"saved for backward {memory['shared'] / 2**20:7.1f} MiB")
+        # What sharing can save at most: the plain path runs every row's prompt and response through
+        # the model; the shared one each prompt once and the responses (less their last token).
+        shared_tokens = sum(map(len, prompts)) + sum(max(len(r) - 1, 0) for r in responses)
+        bound = tokens / shared_tokens
         print(f"    shared is {report['ratio']:.2f}x the plain path, with {memory['plain'] / memory['shared']:.2f}x "
               f"less activation memory; log-probs agree within {report['max_abs_logp_diff']:.1e}")
-        out[G] = {**report, "saved_bytes": memory}
+        print(f"    bound from the token counts: {tokens} / {shared_tokens} = {bound:.2f}x (both paths also share "
+              f"the output layer and the loss over {sum(map(len, responses))} response positions, so less)")
+        out[G] = {**report, "saved_bytes": memory, "token_bound": bound}
     return out
 
 
@@ -224,7 +231,8 @@ def bench_iteration(max_new_tokens: int, start_file: Path) -> dict:
     config = TINY.with_overrides(max_response_tokens=max_new_tokens)
     out = {}
     for name, sampler, shared in (("protocol (reference sampler, plain)", "reference", False),
-                                  ("fast sampler, shared-prompt scoring", "fast", True)):
+                                  ("fast sampler, shared-prompt scoring", "fast", True),
+                                  ("static sampler, shared-prompt scoring", "static", True)):
         loop = grpo.start_loop(config, config.group_size, 1, start_file, sampler, "cpu", shared_prompts=shared)
         record, rows, timings = grpo.run_iteration(loop, 0, sampler)
         # the reference forward alone, on the same batch, to split "optimisation" into its parts
@@ -247,8 +255,9 @@ def bench_iteration(max_new_tokens: int, start_file: Path) -> dict:
                     "updates": f"{scored * loop.updates_per_iteration / s:8.0f} scored tokens/s"}.get(part, "")
             print(f"    {part:<12} {s:7.3f} s  {rate}")
         out[name] = {"total": timings["iteration_total"], **parts}
-    first, second = out.values()
-    print(f"    the fast set-up's iteration is {first['total'] / second['total']:.2f}x the protocol's")
+    protocol, fast, static = out.values()
+    print(f"    the fast set-up's iteration is {protocol['total'] / fast['total']:.2f}x the protocol's, "
+          f"the static one's {protocol['total'] / static['total']:.2f}x (`grpo --sampler static --scoring shared`)")
     return out
 
 

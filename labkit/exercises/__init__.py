@@ -19,11 +19,13 @@ from .ch02 import check_ch02_sequence_logprob
 from .ch03 import CH03_CASES, CH03_HINTS, check_ch03_group_advantages
 from .ch04 import CH04_ADVANTAGES, CH04_LOG_RATIOS, check_ch04_clipped_objective
 from .ch05 import check_ch05_blocked_kl
-from .ch06 import CH06_HINTS, CH06_KEYS, check_ch06_iteration_metrics
+from .ch06 import (CH06_HINTS, CH06_KEYS, CH06_LOSS_SIGNATURE, CH06_REFERENCE_SIGNATURE, check_ch06_frozen_reference,
+                   check_ch06_grpo_loss, check_ch06_iteration_metrics)
 from .ch06 import _ch06_cases  # noqa: F401  (private, but tests/test_exercises_ch06.py reads the constructed cases)
 from .ch07 import CH07_CASES, check_ch07_pass_at_k
-from .ch08 import CH08_CASES, check_ch08_zero_signal
-from .ch09 import CH09_HINTS, CH09_ROLES, check_ch09_one_update_run
+from .ch08 import (CH08_ADVANTAGE_SIGNATURE, CH08_CASES, CH08_MIXED_CASES, check_ch08_advantage_check,
+                   check_ch08_mixed_zero_signal, check_ch08_zero_signal)
+from .ch09 import CH09_HINTS, CH09_RATIO_HINTS, CH09_ROLES, check_ch09_one_update_run, check_ch09_ratio_stays_one
 from .ch09 import _ch09_cases, _ch09_history  # noqa: F401  (private, but tests/test_exercises_ch09.py builds the cases)
 from .ch10 import CH10_CASES, CH10_HINTS, check_ch10_carries
 
@@ -45,13 +47,23 @@ __all__ = [
     "CH06_HINTS",
     "CH06_KEYS",
     "check_ch06_iteration_metrics",
+    "CH06_LOSS_SIGNATURE",
+    "check_ch06_grpo_loss",
+    "CH06_REFERENCE_SIGNATURE",
+    "check_ch06_frozen_reference",
     "CH07_CASES",
     "check_ch07_pass_at_k",
     "CH08_CASES",
     "check_ch08_zero_signal",
+    "CH08_ADVANTAGE_SIGNATURE",
+    "CH08_MIXED_CASES",
+    "check_ch08_advantage_check",
+    "check_ch08_mixed_zero_signal",
     "CH09_HINTS",
     "CH09_ROLES",
     "check_ch09_one_update_run",
+    "CH09_RATIO_HINTS",
+    "check_ch09_ratio_stays_one",
     "CH10_CASES",
     "CH10_HINTS",
     "check_ch10_carries",

@@ -38,3 +38,18 @@ def call_student(function, *args, where: str, hint: str = "", not_written: str |
         raise ExerciseError(f"{not_written} is not written yet ({err})") from None
     except Exception as err:  # the student's code may raise anything; report it, never crash
         raise ExerciseError(f"{where} raised {type(err).__name__}: {err}{hint}") from None
+
+
+def require_tensor(got, shape: tuple, name: str, wanted: str, what: str) -> None:
+    """Refuse a returned value that is not a tensor of `shape`, or that carries no gradient.
+
+    name: the student's function; wanted: what to return, in words ("one objective per token, shape
+    (5, 9)"); what: the thing whose gradient is needed ("your objective", "your loss")."""
+    import torch
+
+    if not isinstance(got, torch.Tensor) or tuple(got.shape) != tuple(shape):
+        found = tuple(got.shape) if isinstance(got, torch.Tensor) else type(got).__name__
+        raise ExerciseError(f"{name} returned {found}; return {wanted}")
+    if not got.requires_grad:
+        raise ExerciseError(f"{what} carries no gradient: build it from the current policy's tensors with torch "
+                            "operations (no .detach(), .item() or numpy)")

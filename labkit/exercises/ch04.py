@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from ._calling import ExerciseError, call_student, require_function
+from ._calling import ExerciseError, call_student, require_function, require_tensor
 
 
 # (log rho, advantage) per token for the chapter 4 checker: each side of each clip edge, both signs.
@@ -67,13 +67,9 @@ def check_ch04_clipped_objective(clipped_objective) -> bool:
         got = call_student(clipped_objective, logp_cur, logp_old, advantages, clip_eps,
                            where=f"clipped_objective(logp_cur (5, 9), logp_old (5, 9), advantages (5,), "
                                  f"clip_eps={clip_eps})")
-        if not isinstance(got, torch.Tensor) or tuple(got.shape) != tuple(logp_cur.shape):
-            shape = tuple(got.shape) if isinstance(got, torch.Tensor) else type(got).__name__
-            raise ExerciseError(f"clipped_objective returned {shape}; return one objective per token, shape (5, 9) "
-                                "(broadcast each response's advantage over its tokens: advantages[:, None])")
-        if not got.requires_grad:
-            raise ExerciseError("your objective carries no gradient to logp_cur: build it from logp_cur with torch "
-                                "operations (no .detach(), .item() or numpy)")
+        require_tensor(got, logp_cur.shape, "clipped_objective",
+                       "one objective per token, shape (5, 9) (broadcast each response's advantage over its "
+                       "tokens: advantages[:, None])", "your objective")
         (grad,) = torch.autograd.grad(got.sum(), logp_cur, allow_unused=True)
         if grad is None:
             raise ExerciseError("your objective does not depend on logp_cur through autograd")

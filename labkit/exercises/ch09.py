@@ -117,3 +117,43 @@ def check_ch09_one_update_run(one_update_run) -> bool:
     print(f"Correct: your one_update_run found the one-update run in all {len(cases)} cases "
           f"({len(CH09_ROLES)} constructed runs each, in different orders).")
     return True
+
+
+# -- The idea behind one update per iteration: rho stays 1 ---------------------------------------------
+
+CH09_RATIO_HINTS = {
+    "two_clipping": "its first update's ratio is 1, but its second one's leaves 1 (and clips): look at every "
+                    "update of every iteration, not the first or the top-level fields only",
+    "lowest_kl": "a low KL says the policy is near the reference, not that rho = 1: its second updates' "
+                 "ratio/min and ratio/max leave 1",
+    "small_steps": "its clip fraction is 0 everywhere, yet its second updates' ratio leaves 1 by 5%: a zero "
+                   "clip fraction only says rho stayed inside [1 - eps, 1 + eps]; read ratio/min and ratio/max",
+    "sft": "cross-entropy logs no ratio at all (no 'ratio/*' keys): no evidence that rho = 1, so the answer is "
+           "False, not a guess",
+    "rft_half": "cross-entropy logs no ratio (and some iterations made no update): no evidence that rho = 1",
+    "one_update": "with one update per iteration every update is the first after sampling, so "
+                  "rho = pi_theta / pi_old is 1 up to float rounding (within tol) and the clip never acts",
+}
+
+
+def check_ch09_ratio_stays_one(ratio_stays_one, tol: float = 2e-4) -> bool:
+    """Grade chapter 9's exercise: `ratio_stays_one(history, tol) -> bool`: True exactly when every
+    update of every iteration logged a ratio within `tol` of 1 on every token (ratio/min and ratio/max)
+    and no clipping, the signature of one update per iteration; False for a history with no ratio to
+    read (cross-entropy) or an update whose ratio left 1.
+
+    Tried on the six constructed runs of the update-count exercise (see the module docstring); the
+    hint names the run the answer got wrong and why."""
+    require_function(ratio_stays_one)
+    for number, role in enumerate(CH09_ROLES, start=1):
+        history = _ch09_history(role)
+        where = f"case {number} of {len(CH09_ROLES)}: ratio_stays_one(the {role} run's history, tol={tol:g})"
+        got = call_student(ratio_stays_one, history, tol, where=where, hint=CRASH_HINT, not_written="ratio_stays_one")
+        if not isinstance(got, bool):
+            raise ExerciseError(f"{where} returned {got!r}; return True or False")
+        expected = role == "one_update"
+        if got != expected:
+            raise ExerciseError(f"{where} returned {got}, expected {expected}. Hint: {CH09_RATIO_HINTS[role]}.")
+    print(f"Correct: your ratio_stays_one tells the one-update run from the {len(CH09_ROLES) - 1} others by the "
+          "ratio alone.")
+    return True
