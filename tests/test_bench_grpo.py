@@ -2,7 +2,7 @@
 
 Its times are printed, never asserted; what is asserted is what the benchmark claims beside
 them: the static sampler's tokens equal the reference sampler's, the shared-prompt path's
-log-probs equal the plain path's within float32 rounding and keep less for the backward pass,
+log-probs equal the plain path's within the protocol's tolerance (2e-4) and keep less for the backward pass,
 and one iteration's parts add up to its total.
 """
 
@@ -25,7 +25,7 @@ def test_the_static_sampler_agrees_with_the_reference_in_both_cases(report):
 
 def test_shared_prompt_updates_agree_and_keep_less_for_backward(report):
     (G, updates), = report["updates"].items()
-    assert G == 4 and updates["max_abs_logp_diff"] <= 5e-5
+    assert G == 4 and updates["max_abs_logp_diff"] <= 2e-4  # the protocol's log-prob tolerance
     assert updates["saved_bytes"]["shared"] < updates["saved_bytes"]["plain"]
     assert updates["token_bound"] > 1
 

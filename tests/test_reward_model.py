@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from labkit import data, models, reward_model, scoring, verifier
-from labkit.runs import REPO_ROOT, RunExistsError, read_json, sha256_file, write_json
+from labkit.runs import REPO_ROOT, ArtifactError, RunExistsError, read_json, sha256_file, write_json
 
 COMMITTED = REPO_ROOT / "runs" / "tiny" / "reward_model"
 
@@ -98,6 +98,10 @@ def test_a_verifier_whose_judge_changed_is_refused(tmp_path):
     manifest = read_json(run / "manifest.json")
     manifest["judge"]["sha256"] = "0" * 64
     write_json(run / "manifest.json", manifest)
+    with pytest.raises(ArtifactError, match=r"manifest\.json has SHA-256 .* the manifest was edited or damaged"):
+        reward_model.load_verifier("tiny", run)  # an edited manifest is refused first, by its FINISHED record
+    finished = read_json(run / "FINISHED")  # a manifest that vouches for the change itself: the judge check
+    write_json(run / "FINISHED", {**finished, "manifest_sha256": sha256_file(run / "manifest.json")})
     with pytest.raises(ValueError, match="is not the judge .* was trained with"):
         reward_model.load_verifier("tiny", run)
     with pytest.raises(FileNotFoundError, match="python -m labkit reward-model --preset tiny"):

@@ -20,7 +20,8 @@ def require_function(answer) -> None:
         raise ExerciseError(f"pass your function itself, not {type(answer).__name__}")
 
 
-def call_student(function, *args, where: str, hint: str = "", not_written: str | None = None):
+def call_student(function, *args, where: str, hint: str = "", not_written: str | None = None,
+                 assertion_is_answer: bool = False):
     """`function(*args)`, the student's answer for one case; what it raises becomes an ExerciseError.
 
     where: the case, as the message names it ("case 3 of 10: f(x=1)").  Any exception
@@ -29,15 +30,24 @@ def call_student(function, *args, where: str, hint: str = "", not_written: str |
     NotImplementedError (a stub not written yet) propagates unchanged, or, when
     `not_written` names the function, becomes ExerciseError(f"{not_written} is not written
     yet ({message})").
+
+    assertion_is_answer: the student wrote a check, whose answer is to raise AssertionError or not;
+    then the AssertionError is returned (None when the check returned), and anything else it
+    raised becomes the ExerciseError above.
     """
     try:
-        return function(*args)
+        result = function(*args)
     except NotImplementedError as err:
         if not_written is None:
             raise  # the stub's "your turn" message, unchanged
         raise ExerciseError(f"{not_written} is not written yet ({err})") from None
+    except AssertionError as err:
+        if assertion_is_answer and not isinstance(err, ExerciseError):
+            return err
+        raise ExerciseError(f"{where} raised {type(err).__name__}: {err}{hint}") from None
     except Exception as err:  # the student's code may raise anything; report it, never crash
         raise ExerciseError(f"{where} raised {type(err).__name__}: {err}{hint}") from None
+    return None if assertion_is_answer else result
 
 
 def require_tensor(got, shape: tuple, name: str, wanted: str, what: str) -> None:
