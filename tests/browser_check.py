@@ -110,10 +110,12 @@ async (mathjaxTimeoutMs) => {
     anchors: Array.from(document.querySelectorAll("[id], a[name]")).map((el) => el.id || el.getAttribute("name")),
     // folded cells (solutions, instructor boxes): their toggle text, and whether their content shows at load
     folds: Array.from(document.querySelectorAll("details.hide")).map((el) => ({
-      summary: (el.querySelector("summary") || el).textContent.trim().split("\n")[0].trim(),
+      summary: (el.querySelector("summary") || el).textContent.trim().split(/\\s*\\n/)[0].trim(),
       open: el.open,
+      // a closed <details> keeps its content's layout boxes (content-visibility), so ask the browser
       shown: Array.from(el.children).filter((c) => c.tagName !== "SUMMARY")
-                                   .some((c) => c.getBoundingClientRect().height > 0),
+                                   .some((c) => c.checkVisibility ? c.checkVisibility()
+                                                : c.getBoundingClientRect().height > 0),
     })),
   };
 }
