@@ -1,0 +1,71 @@
+"""Fault injection in the SFT loop: a real `kill -9` mid-epoch and during a state write, then a resume
+in place; a state whose bytes differ from its ledger is refused in one line.
+
+Apart from tests/test_fault_injection.py (whose processes and helpers it uses) so that `make test`'s
+two workers can run the GRPO and the SFT halves side by side (pytest-xdist gives each file to one
+worker).
+"""
+
+import sys
+import time
+
+import pytest
+
+from labkit import state as state_lib
+from labkit.runs import is_finished, read_json, sha256_file
+from test_fault_injection import flip_bit, launch  # noqa: F401  (launch is a fixture)
+
+pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="SIGKILL and /proc/self/fd: Linux")
+
+# -- the SFT loop: kill -9 mid-epoch and during a state write, resume in place -----------------------
+
+# The warm start (3 epochs of 16 updates) with a short validation, so each process takes ~10 s.
+SFT_CLI = [sys.executable, "-m", "labkit", "warm-start", "--preset", "tiny", "--threads", "1", "--no-progress",
+           "--validation-limit", "4", "--no-greedy-eval"]
+
+
+def test_sft_killed_mid_epoch_and_during_a_state_write_resumes_to_the_continuous_run(tmp_path, launch):
+    continuous = tmp_path / "continuous"
+    launch(continuous, cli=SFT_CLI).finish()
+    folder = tmp_path / "run"
+
+    # a. 0.3 s into epoch 2 (an epoch takes ~2 s): only epoch 1's state is on disk
+    run = launch(folder, cli=SFT_CLI)
+    run.wait_for_file("states/epoch-1.pt.gz")
+    time.sleep(0.3)
+    run.kill9()
+    assert sorted(p.name for p in (folder / "states").iterdir()) == ["epoch-1.pt.gz"]
+
+    # b. while epoch 2's state is being written (bytes in the temporary file, not renamed)
+    run = launch(folder, "--resume-from", str(folder / "states" / "epoch-1.pt.gz"), hold_fsync=".epoch-2.pt.gz.",
+                 cli=SFT_CLI)
+    held = run.wait_until_held()
+    run.kill9()
+    assert (folder / "states" / held).exists() and not (folder / "states" / "epoch-2.pt.gz").exists()
+
+    # c. resumed from epoch 1 again: the temporary is removed, epochs 2 and 3 rerun
+    output = launch(folder, "--resume-from", str(folder / "states" / "epoch-1.pt.gz"), cli=SFT_CLI).finish()
+    assert f"(states/{held})" in output, output
+    assert is_finished(folder)
+    assert sha256_file(folder / "model.safetensors") == sha256_file(continuous / "model.safetensors")
+    assert read_json(folder / "history.json") == read_json(continuous / "history.json")
+    for epoch in (1, 2, 3):
+        a, _ = state_lib.load_state(folder / "states" / f"epoch-{epoch}.pt.gz")
+        b, _ = state_lib.load_state(continuous / "states" / f"epoch-{epoch}.pt.gz")
+        assert state_lib.compare_states(a, b)["equal"], epoch
+    assert sorted(p.name for p in (folder / "states").iterdir()) == ["epoch-1.pt.gz", "epoch-2.pt.gz", "epoch-3.pt.gz"]
+    ledger = read_json(folder / "manifest.json")["ledger"]
+    assert sorted(ledger["files"]) == ["history.json", "model.safetensors", "states/epoch-1.pt.gz",
+                                       "states/epoch-2.pt.gz", "states/epoch-3.pt.gz"]
+
+
+def test_sft_refuses_a_state_whose_bytes_differ_from_its_ledger(tmp_path, launch):
+    folder = tmp_path / "run"
+    launch(folder, "--stop-after-epochs", "1", cli=SFT_CLI).finish()
+    path = folder / "states" / "epoch-1.pt.gz"
+    flip_bit(path, 4)  # the gzip header's mtime: gzip itself would not notice
+    run = launch(folder, "--resume-from", str(path), cli=SFT_CLI)
+    run.proc.wait(timeout=300)
+    output = run.output()
+    assert run.proc.returncode == 2 and "Traceback" not in output, output
+    assert output.strip().startswith(f"error: {path} has SHA-256"), output
