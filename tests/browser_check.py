@@ -195,6 +195,7 @@ def broken_links(html_dir: Path, base_url: str, links: dict[str, list[str]],
 
 
 def check_book(html_dir: Path, screenshots: Path) -> int:
+    from playwright.sync_api import TimeoutError as PlaywrightTimeout
     from playwright.sync_api import sync_playwright
 
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -273,6 +274,12 @@ def check_book(html_dir: Path, screenshots: Path) -> int:
                 if is_redirect(html_dir / name):  # index.html: a meta refresh to the landing page
                     page.wait_for_url(lambda url: url != base_url + name, wait_until="load")
                 report = page.evaluate(PAGE_REPORT_JS, MATHJAX_TIMEOUT_MS)
+                # Let the page's late requests (MathJax fonts fetched as it typesets) finish before the
+                # next navigation aborts them: an aborted font is the check's doing, not the book's.
+                try:
+                    page.wait_for_load_state("networkidle", timeout=10_000)
+                except PlaywrightTimeout:
+                    failures.append(f"{name}: requests still pending 10 s after the page was checked")
                 if report["math"] and report["mathjax"] != "ready":
                     failures.append(f"{name}: {report['math']} formulas but MathJax is {report['mathjax']}")
                 formulas += report["math"]
