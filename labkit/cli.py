@@ -91,6 +91,7 @@ def cmd_sft(args: argparse.Namespace) -> int:
     if args.threads is not None:
         torch.set_num_threads(args.threads)  # results are recorded with the thread count
     branch = getattr(args, "branch_fixed", None) or args.branch
+    check_learning_data()
     manifest = sft.run_branch(
         args.preset, branch, args.run_dir, stop_after_epochs=args.stop_after_epochs, resume_from=args.resume_from,
         validation_limit=args.validation_limit, device=args.device, overwrite=args.overwrite, restart=args.restart,
@@ -129,6 +130,16 @@ def cmd_sft_resume_check(args: argparse.Namespace) -> int:
     return status
 
 
+def check_learning_data() -> None:
+    """Before a training run: the train and validation statements and labels hold the same problems
+    (labkit.data.joined refuses them in one line naming both files), so that a hand-made data folder
+    fails here, not with a KeyError halfway through the run."""
+    from . import data
+
+    for split in ("train", "validation"):
+        data.joined(split, phase="learning")
+
+
 def cmd_grpo(args: argparse.Namespace) -> int:
     """The GRPO run of a preset (labkit.grpo): 100 iterations of 4 prompts x G responses."""
     import torch
@@ -138,6 +149,7 @@ def cmd_grpo(args: argparse.Namespace) -> int:
 
     if args.threads is not None:
         torch.set_num_threads(args.threads)  # results are recorded with the thread count
+    check_learning_data()
     stop_at = tuple(int(x) for x in args.save_states_at.split(",") if x) if args.save_states_at else ()
     config = get_preset(args.preset)
     curves = {k: v for k, v in (("checkpoint_every", args.checkpoint_every),
