@@ -92,11 +92,14 @@ def cmd_sft(args: argparse.Namespace) -> int:
         torch.set_num_threads(args.threads)  # results are recorded with the thread count
     branch = getattr(args, "branch_fixed", None) or args.branch
     check_learning_data()
-    manifest = sft.run_branch(
-        args.preset, branch, args.run_dir, stop_after_epochs=args.stop_after_epochs, resume_from=args.resume_from,
-        validation_limit=args.validation_limit, device=args.device, overwrite=args.overwrite, restart=args.restart,
-        progress=not args.no_progress, greedy_eval=not args.no_greedy_eval,
-    )
+    try:
+        manifest = sft.run_branch(
+            args.preset, branch, args.run_dir, stop_after_epochs=args.stop_after_epochs, resume_from=args.resume_from,
+            validation_limit=args.validation_limit, device=args.device, overwrite=args.overwrite, restart=args.restart,
+            progress=not args.no_progress, greedy_eval=not args.no_greedy_eval,
+        )
+    except KeyboardInterrupt:
+        raise KeyboardInterrupt(sft_resume_hint(args.run_dir or sft.default_run_dir(args.preset, branch))) from None
     nll = ", ".join(f"{v['nll']:.4f}" for v in manifest["validation_nll"])
     greedy = manifest.get("validation_greedy")
     accuracy = f", greedy validation accuracy {greedy['success_rate']:.1%}" if greedy else ""
@@ -128,6 +131,17 @@ def cmd_sft_resume_check(args: argparse.Namespace) -> int:
               f"(differences: {end['different_fields'][:5]}); the check cost {extra:.1f} s extra")
         status |= 0 if report["equal"] else 1
     return status
+
+
+def sft_resume_hint(run_dir) -> str:
+    """What a Ctrl-C in SFT leaves and how to go on: its states are saved after every epoch."""
+    from .runs import display_path
+
+    states = sorted(Path(run_dir).glob("states/epoch-*.pt.gz"), key=lambda p: int(p.name[6:-6]))
+    if not states:
+        return "no epoch had finished, so no state was saved: run the same command with --restart"
+    return (f"the newest state is {display_path(states[-1])} (saved after each epoch): continue with the same "
+            f"command and --resume-from {display_path(states[-1])}")
 
 
 def check_learning_data() -> None:

@@ -69,3 +69,23 @@ def test_sft_refuses_a_state_whose_bytes_differ_from_its_ledger(tmp_path, launch
     output = run.output()
     assert run.proc.returncode == 2 and "Traceback" not in output, output
     assert output.strip().startswith(f"error: {path} has SHA-256"), output
+
+
+def test_ctrl_c_in_sft_says_which_state_to_resume_from(tmp_path, launch):
+    import re
+    import signal
+    from pathlib import Path
+
+    folder = tmp_path / "run"
+    run = launch(folder, cli=SFT_CLI)
+    run.wait_for_file("states/epoch-1.pt.gz")
+    run.proc.send_signal(signal.SIGINT)
+    assert run.proc.wait(timeout=300) == 130, run.output()
+    last = run.output().strip().splitlines()[-1]
+    found = re.fullmatch(r"interrupted: the newest state is (\S+) \(saved after each epoch\): continue with the "
+                         r"same command and --resume-from (\S+)", last)
+    assert found and found.group(1) == found.group(2), run.output()
+    state = Path(found.group(1))
+    assert state.parent == folder / "states" and state.is_file() and "Traceback" not in run.output()
+    launch(folder, "--resume-from", str(state), cli=SFT_CLI).finish()
+    assert is_finished(folder)
