@@ -89,7 +89,10 @@ class Run:
             env.update(FI_HOLD_FSYNC=hold_fsync, FI_HOLD_MARK=str(self.mark), FI_HOLD_SKIP=str(skip))
             command = [sys.executable, "-c", HOLD_FSYNC, *command[3:]]  # drop "-m labkit"
         with open(log, "wb") as out:
-            self.proc = subprocess.Popen(command, cwd=REPO_ROOT, env=env, stdout=out, stderr=subprocess.STDOUT)
+            # SIGINT as a terminal gives it: pytest-xdist's workers ignore SIGINT, and an ignored signal
+            # is inherited (Python then installs no KeyboardInterrupt for it)
+            self.proc = subprocess.Popen(command, cwd=REPO_ROOT, env=env, stdout=out, stderr=subprocess.STDOUT,
+                                         preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
 
     def output(self) -> str:
         return self.log.read_text(errors="replace")
