@@ -10,6 +10,20 @@ CH08_CASES = ((0.5, 2), (0.1, 4), (0.1, 2), (0.1, 8), (0.25, 3), (0.02, 16), (0.
               (0.3, 1), (0.015, 8))
 
 
+def _ch08_first_wrong(cases, values, reference, slips, default_hint: str, call) -> None:
+    """Raise ExerciseError at the first case whose value is not reference(*case) within 1e-12; its hint
+    names the slip whose formula the answer follows on EVERY case (one case cannot tell them apart),
+    else `default_hint`.  call(*case): the student's call, as the message shows it."""
+    for number, (case, value) in enumerate(zip(cases, values), start=1):
+        expected = reference(*case)
+        if abs(value - expected) <= 1e-12:
+            continue
+        hint = next((text for formula, text in slips
+                     if all(abs(v - formula(*c)) <= 1e-12 for c, v in zip(cases, values))), default_hint)
+        raise ExerciseError(f"case {number} of {len(cases)}: {call(*case)} returned {value!r}, expected {expected!r}. "
+                            f"Hint: {hint}.")
+
+
 def check_ch08_zero_signal(zero_signal_fraction) -> bool:
     """Grade chapter 8's exercise: `zero_signal_fraction(p, G) -> float`.
 
@@ -38,15 +52,9 @@ def check_ch08_zero_signal(zero_signal_fraction) -> bool:
         (lambda p, G: p ** (G - 1) + (1 - p) ** (G - 1),
          "the exponent is G, the number of responses in the group (not G - 1)"),
     )
-    for number, ((p, G), value) in enumerate(zip(CH08_CASES, values), start=1):
-        expected = reference(p, G)
-        if abs(value - expected) <= 1e-12:
-            continue
-        hint = next((text for formula, text in slips
-                     if all(abs(v - formula(q, g)) <= 1e-12 for (q, g), v in zip(CH08_CASES, values))),
-                    "a group is constant when all G rewards are 1 (probability p^G) or all are 0")
-        where = f"case {number} of {len(CH08_CASES)}: zero_signal_fraction(p={p}, G={G})"
-        raise ExerciseError(f"{where} returned {value!r}, expected {expected!r}. Hint: {hint}.")
+    _ch08_first_wrong(CH08_CASES, values, reference, slips,
+                      "a group is constant when all G rewards are 1 (probability p^G) or all are 0",
+                      lambda p, G: f"zero_signal_fraction(p={p}, G={G})")
     print(f"Correct: your zero_signal_fraction agrees with p^G + (1-p)^G on all {len(CH08_CASES)} cases.")
     return True
 
@@ -176,16 +184,10 @@ def check_ch08_mixed_zero_signal(zero_signal_of_batch) -> bool:
             values.append(float(got))
         except (TypeError, ValueError):
             raise ExerciseError(f"{where} returned {got!r}; return a number (a fraction of groups)") from None
-    for number, ((ps, G), value) in enumerate(zip(CH08_MIXED_CASES, values), start=1):
-        expected = _ch08_mixed_zero_signal(ps, G)
-        if abs(value - expected) <= 1e-12:
-            continue
-        hint = next((text for formula, text in slips
-                     if all(abs(v - formula(q, g)) <= 1e-12 for (q, g), v in zip(CH08_MIXED_CASES, values))),
-                    "prompt k's group is constant with probability p_k^G + (1 - p_k)^G; the batch's expected "
-                    "fraction is the mean of that over its prompts")
-        where = f"case {number} of {len(CH08_MIXED_CASES)}: zero_signal_of_batch(ps={ps}, G={G})"
-        raise ExerciseError(f"{where} returned {value!r}, expected {expected!r}. Hint: {hint}.")
+    _ch08_first_wrong(CH08_MIXED_CASES, values, _ch08_mixed_zero_signal, slips,
+                      "prompt k's group is constant with probability p_k^G + (1 - p_k)^G; the batch's expected "
+                      "fraction is the mean of that over its prompts",
+                      lambda ps, G: f"zero_signal_of_batch(ps={ps}, G={G})")
     print(f"Correct: your zero_signal_of_batch agrees with the mean of p_k^G + (1-p_k)^G on all "
           f"{len(CH08_MIXED_CASES)} cases.")
     return True
