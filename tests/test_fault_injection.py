@@ -1,8 +1,9 @@
 """Fault injection: a GRPO run folder survives a real `kill -9` and a resume in place.
 
-Every run here is a real `python -m labkit grpo` process (tiny preset, one torch thread,
-the committed warm start: the CLI takes no start file) killed with a real SIGKILL, so no
-Python clean-up code runs.  After each kill the run resumes in the *same* folder from the
+Every run here is a real process running the `labkit grpo` command (tiny preset, one torch
+thread, the committed warm start: the CLI takes no start file), killed with a real SIGKILL, so
+no Python clean-up code runs: forked from a server that imported the lab once
+(tests/forked_cli.py), except the continuous reference run, a `python -m labkit` of its own.  After each kill the run resumes in the *same* folder from the
 newest state that loads, and must end exactly where a continuous run ends: the same final
 model, the same history, and a rollouts.jsonl.gz byte-identical to the continuous run's:
 every rollout once.
@@ -13,7 +14,7 @@ Kill points are chosen by waiting for files, never by sleeping alone:
     mid-iteration             a fixed 0.1 s after the state of iteration k (an iteration takes ~0.7 s)
     rows, no state            the ledger (parts.json) counts iteration k's rows, its state not yet
     inside an append          iteration k's rows are written past the ledger, not yet synced: that
-                              process runs the same CLI with os.fsync held on rollouts.jsonl.gz
+                              process holds os.fsync on rollouts.jsonl.gz
     a state being written     the temporary `.iter-00k.pt.gz.*.tmp` (held the same way: it lives
                               only 5-30 ms, too short to catch by polling)
     after the last state      the same, with os.fsync held on the final model file
@@ -34,12 +35,13 @@ from pathlib import Path
 
 import pytest
 
+from forked_cli import ForkedProcess
 from labkit import grpo, state as state_lib
 from labkit.runs import REPO_ROOT, ArtifactError, is_finished, read_json, sha256_file
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="SIGKILL and /proc/self/fd: Linux")
 
-N = 4  # iterations of every run here (~1 s each, plus ~4 s of start-up per process)
+N = 4  # iterations of every run here (~1 s each, plus ~4 s of imports for a `python -m labkit` process)
 ROWS_PER_ITERATION = 16  # 4 prompts x G=4
 EVERY_ITERATION = ",".join(str(k) for k in range(1, N))  # the last one is always saved
 # The fast sampler (its tokens are the reference sampler's: tests/test_sampling.py) and curves on 4
@@ -48,37 +50,20 @@ CLI = [sys.executable, "-m", "labkit", "grpo", "--preset", "tiny", "--threads", 
        "--iterations", str(N), "--sampler", "fast", "--checkpoint-problems", "4"]
 WAIT_S = 180  # the longest wait for a file before the test fails (a run takes ~10 s)
 
-# The same CLI, with os.fsync held forever on a file whose name starts with $FI_HOLD_FSYNC (after
-# letting $FI_HOLD_SKIP such fsyncs through): its bytes are written, not yet synced or renamed into
-# place, when the test kills it.
-HOLD_FSYNC = textwrap.dedent("""
-    import os, sys, time
-    prefix, mark = os.environ["FI_HOLD_FSYNC"], os.environ["FI_HOLD_MARK"]
-    skip = [int(os.environ["FI_HOLD_SKIP"])]
-    real_fsync = os.fsync
-    def fsync(fd):
-        name = os.path.basename(os.readlink(f"/proc/self/fd/{fd}"))
-        if name.startswith(prefix) and skip[0] > 0:
-            skip[0] -= 1
-        elif name.startswith(prefix):
-            with open(mark, "w") as f:
-                f.write(name)
-            time.sleep(3600)
-        real_fsync(fd)
-    os.fsync = fsync
-    from labkit.cli import main
-    raise SystemExit(main(sys.argv[1:]))
-""")
-
-
 # -- processes -----------------------------------------------------------------------------------
 
 
 class Run:
-    """One `labkit grpo` child process writing into `folder`, its output in a log file."""
+    """One `labkit grpo` (or `cli`'s command) child process writing into `folder`, its output in a log file.
+
+    A forked child of the lab's preloaded server (tests/forked_cli.py: a real process, without the
+    3 to 6 s of imports), or with `fresh` a `python -m labkit` process of its own.  hold_fsync: the
+    child holds os.fsync forever on the first file whose name starts with it (after letting `skip`
+    such fsyncs through): its bytes are written, not yet synced or renamed into place, when the
+    test kills it."""
 
     def __init__(self, folder: Path, log: Path, args: list[str], hold_fsync: str | None = None, skip: int = 0,
-                 cli: list[str] = CLI):
+                 cli: list[str] = CLI, fresh: bool = False):
         self.folder, self.log = folder, log
         env = {**os.environ, "PYTHONUNBUFFERED": "1"}
         env.pop("LABKIT_TRACEBACK", None)
@@ -86,13 +71,16 @@ class Run:
         self.mark, self.hold = None, hold_fsync
         if hold_fsync is not None:
             self.mark = log.with_suffix(".held")
-            env.update(FI_HOLD_FSYNC=hold_fsync, FI_HOLD_MARK=str(self.mark), FI_HOLD_SKIP=str(skip))
-            command = [sys.executable, "-c", HOLD_FSYNC, *command[3:]]  # drop "-m labkit"
-        with open(log, "wb") as out:
-            # SIGINT as a terminal gives it: pytest-xdist's workers ignore SIGINT, and an ignored signal
-            # is inherited (Python then installs no KeyboardInterrupt for it)
-            self.proc = subprocess.Popen(command, cwd=REPO_ROOT, env=env, stdout=out, stderr=subprocess.STDOUT,
-                                         preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+        if fresh:
+            assert hold_fsync is None, "a held fsync needs a forked run"
+            with open(log, "wb") as out:
+                # SIGINT as a terminal gives it: pytest-xdist's workers ignore SIGINT, and an ignored signal
+                # is inherited (Python then installs no KeyboardInterrupt for it)
+                self.proc = subprocess.Popen(command, cwd=REPO_ROOT, env=env, stdout=out, stderr=subprocess.STDOUT,
+                                             preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+        else:
+            hold = (hold_fsync, str(self.mark), skip) if hold_fsync is not None else None
+            self.proc = ForkedProcess(command[3:], log, REPO_ROOT, env, hold)  # drop "python -m labkit"
 
     def output(self) -> str:
         return self.log.read_text(errors="replace")
@@ -139,8 +127,9 @@ def launch(tmp_path):
     """Start runs; any still alive when the test ends (a failure) is killed, by its own pid."""
     started: list[Run] = []
 
-    def start(folder: Path, *args: str, hold_fsync: str | None = None, skip: int = 0, cli: list[str] = CLI) -> Run:
-        run = Run(folder, tmp_path / f"run-{len(started)}.log", list(args), hold_fsync, skip, cli)
+    def start(folder: Path, *args: str, hold_fsync: str | None = None, skip: int = 0, cli: list[str] = CLI,
+              fresh: bool = False) -> Run:
+        run = Run(folder, tmp_path / f"run-{len(started)}.log", list(args), hold_fsync, skip, cli, fresh)
         started.append(run)
         return run
 
@@ -210,7 +199,7 @@ def assert_equals_continuous(folder: Path, reference: dict) -> None:
 def reference(tmp_path_factory):
     """The continuous run: N iterations, a state after each, never interrupted."""
     folder = tmp_path_factory.mktemp("continuous") / "run"
-    run = Run(folder, folder.parent / "run.log", ["--save-states-at", EVERY_ITERATION])
+    run = Run(folder, folder.parent / "run.log", ["--save-states-at", EVERY_ITERATION], fresh=True)
     try:
         run.finish()
     finally:

@@ -26,7 +26,7 @@ SFT_CLI = [sys.executable, "-m", "labkit", "warm-start", "--preset", "tiny", "--
 
 def test_sft_killed_mid_epoch_and_during_a_state_write_resumes_to_the_continuous_run(tmp_path, launch):
     continuous = tmp_path / "continuous"
-    launch(continuous, cli=SFT_CLI).finish()
+    launch(continuous, cli=SFT_CLI, fresh=True).finish()  # a `python -m labkit` of its own
     folder = tmp_path / "run"
 
     # a. 0.3 s into epoch 2 (an epoch takes ~2 s): only epoch 1's state is on disk
