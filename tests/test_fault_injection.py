@@ -4,9 +4,9 @@ Every run here is a real process running the `labkit grpo` command (tiny preset,
 thread, the committed warm start: the CLI takes no start file), killed with a real SIGKILL, so
 no Python clean-up code runs: forked from a server that imported the lab once
 (tests/forked_cli.py), except the continuous reference run, a `python -m labkit` of its own.
-After each kill the run resumes in the *same* folder from the newest state that loads, and must end exactly where a continuous run ends: the same final
-model, the same history, and a rollouts.jsonl.gz byte-identical to the continuous run's:
-every rollout once.
+After each kill the run resumes in the *same* folder from the newest state that loads, and
+must end exactly where a continuous run ends: the same final model, the same history, and a
+rollouts.jsonl.gz byte-identical to the continuous run's: every rollout once.
 
 Kill points are chosen by waiting for files, never by sleeping alone:
 
