@@ -63,6 +63,10 @@ INSTRUCTOR_BOXES = ("notebooks/02_one_group.html", "notebooks/05_exact_kl.html",
 INSTRUCTOR_PROMPT = "For instructors: how this is verified"
 NAVIGATION_TIMEOUT_MS = 30_000
 MATHJAX_TIMEOUT_MS = 20_000
+# How long a checked page's late requests (MathJax's fonts) may take to finish.  Playwright's
+# "networkidle" (no request for 500 ms, within 10 s) failed on a loaded CI machine with no request
+# named; the check counts its own in-flight requests instead and names any still open.
+LATE_REQUESTS_TIMEOUT_S = 60.0
 
 # Run in the page after it has loaded: wait for MathJax and the images, then report what the
 # checks need.  MathJax is loaded with `defer`, so `MathJax.startup` exists by the load event
@@ -195,7 +199,6 @@ def broken_links(html_dir: Path, base_url: str, links: dict[str, list[str]],
 
 
 def check_book(html_dir: Path, screenshots: Path) -> int:
-    from playwright.sync_api import TimeoutError as PlaywrightTimeout
     from playwright.sync_api import sync_playwright
 
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -243,11 +246,18 @@ def check_book(html_dir: Path, screenshots: Path) -> int:
                     failures.append(f"{current['page']}: request to another host blocked: {url}")
                     route.abort("blockedbyclient")
 
+            in_flight: dict[object, str] = {}  # request -> URL, from sent until finished or failed
+
             def on_request(request):
                 nonlocal requests
                 requests += 1
+                in_flight[request] = request.url
+
+            def on_finished(request):
+                in_flight.pop(request, None)
 
             def on_failed(request):
+                in_flight.pop(request, None)
                 if request.url not in blocked:
                     failures.append(f"{current['page']}: request failed ({request.failure}): {request.url}")
 
@@ -261,6 +271,7 @@ def check_book(html_dir: Path, screenshots: Path) -> int:
 
             context.route("**/*", route)
             context.on("request", on_request)
+            context.on("requestfinished", on_finished)
             context.on("requestfailed", on_failed)
             context.on("response", on_response)
             context.on("console", on_console)
@@ -276,10 +287,14 @@ def check_book(html_dir: Path, screenshots: Path) -> int:
                 report = page.evaluate(PAGE_REPORT_JS, MATHJAX_TIMEOUT_MS)
                 # Let the page's late requests (MathJax fonts fetched as it typesets) finish before the
                 # next navigation aborts them: an aborted font is the check's doing, not the book's.
-                try:
-                    page.wait_for_load_state("networkidle", timeout=10_000)
-                except PlaywrightTimeout:
-                    failures.append(f"{name}: requests still pending 10 s after the page was checked")
+                waited_until = time.monotonic() + LATE_REQUESTS_TIMEOUT_S
+                while in_flight and time.monotonic() < waited_until:
+                    page.wait_for_timeout(100)  # lets Playwright deliver the requests' events
+                if in_flight:
+                    failures.append(f"{name}: {len(in_flight)} requests still pending "
+                                    f"{LATE_REQUESTS_TIMEOUT_S:.0f} s after the page was checked: "
+                                    f"{sorted(set(in_flight.values()))[:3]}")
+                    in_flight.clear()
                 if report["math"] and report["mathjax"] != "ready":
                     failures.append(f"{name}: {report['math']} formulas but MathJax is {report['mathjax']}")
                 formulas += report["math"]
