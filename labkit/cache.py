@@ -86,6 +86,11 @@ STEPS = (
     # chapters 6-7's larger run: trained, evaluated, and 64 draws of it and of the warm start for pass@k
     Step("grpo_large", "grpo_large", (*LEARNING_CODE, *ROLLOUT_CODE, "labkit/larger_run.py", *DATA_FILES),
          ("warm_start/model.safetensors",), done_file="pass_at_k/grpo_large/FINISHED"),
+    # chapter 10's over-optimisation: proxies of several strengths, best-of-n, GRPO against them
+    Step("overoptimisation", "overoptimisation", (*LEARNING_CODE, *ROLLOUT_CODE, "labkit/larger_run.py",
+                                                  "labkit/overoptimisation.py", *DATA_FILES),
+         ("warm_start/model.safetensors", "base/model.safetensors", "reward_model/model.safetensors",
+          "reward_model/samples.jsonl.gz"), done_file="manifest.json"),
 )
 STEP_NAMES = tuple(s.name for s in STEPS)
 
@@ -167,5 +172,5 @@ def format_check(verdicts: dict[str, dict]) -> str:
     lines = []
     for name, v in verdicts.items():
         detail = f" (changed: {', '.join(v['changed'])})" if v["changed"] else ""
-        lines.append(f"{name:<12} {v['status']}{detail}")
+        lines.append(f"{name:<16} {v['status']}{detail}")
     return "\n".join(lines)

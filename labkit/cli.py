@@ -374,6 +374,21 @@ def cmd_grpo_large(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_overoptimisation(args: argparse.Namespace) -> int:
+    """Chapter 10's over-optimisation runs (labkit.overoptimisation): proxies, best-of-n, GRPO on them."""
+    from . import overoptimisation
+
+    only = tuple(args.only.split(",")) if args.only else None
+    times = overoptimisation.run_all(args.preset, only=only, workers=args.workers, threads=args.threads,
+                                     overwrite=args.overwrite, progress=not args.no_progress)
+    for part, seconds in times.items():
+        print(f"{part:<32} {seconds:7.0f} s")
+    built = overoptimisation.is_built(args.preset)
+    print(f"{overoptimisation.root(args.preset)}: " + ("built (manifest.json written)" if built else
+                                                      "not every setting has run yet (no manifest.json)"))
+    return 0
+
+
 def cmd_sampler_agreement(args: argparse.Namespace) -> int:
     """Reference vs fast sampler on the warm start: greedy and seeded agreement, explained, timed."""
     import torch
@@ -399,7 +414,8 @@ def _add_sft_arguments(p: argparse.ArgumentParser) -> None:
 
 COMMAND_ORDER = ("data", "pretrain", "warm-start", "sft", "sft-resume-check", "grpo", "grpo-resume-check",
                  "sampler-agreement", "evaluate", "results-json", "group-size",  # the protocol, in order
-                 "grpo-large", "sweep", "reward-model", "format-base", "all", "smoke", "cache", "tune", "bench", "student")  # the tools
+                 "grpo-large", "sweep", "reward-model", "format-base", "overoptimisation", "all", "smoke", "cache",
+                 "tune", "bench", "student")  # the tools
 
 
 def _add_data_and_tool_commands(sub) -> None:
@@ -592,6 +608,16 @@ def _add_chapter10_commands(sub) -> None:
     p.add_argument("--overwrite", action="store_true", help="replace a finished run (evidence: normally refused)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.set_defaults(func=cmd_grpo_large)
+
+    p = sub.add_parser("overoptimisation", help="chapter 10: proxies of several strengths, best-of-n and GRPO "
+                                                "against them, the true reward beside the proxy's")
+    p.add_argument("--preset", default="tiny", help="only 'tiny' (default: %(default)s)")
+    p.add_argument("--only", default=None, help="comma-separated GRPO settings to run (default: every one not yet run)")
+    p.add_argument("--workers", type=int, default=2, help="GRPO settings run at once, one process each (default: 2)")
+    p.add_argument("--threads", type=int, default=1, help="torch CPU threads per worker (default: 1)")
+    p.add_argument("--overwrite", action="store_true", help="rebuild everything (a built step is normally refused)")
+    p.add_argument("--no-progress", action="store_true", help="no progress lines")
+    p.set_defaults(func=cmd_overoptimisation)
 
     p = sub.add_parser("format-base", help="chapter 10: continue the tiny base's pretraining with 2%% of documents "
                                            "in the lab's format until 5%% of its answers use it; then evaluate it")

@@ -14,6 +14,7 @@
     reward_model         python -m labkit reward-model             reward_model/   (chapter 10)
     format_base          python -m labkit format-base              format_base/    (tiny only, chapter 10)
     grpo_large           python -m labkit grpo-large               grpo_large/     (tiny only, chapters 6-7)
+    overoptimisation     python -m labkit overoptimisation         overoptimisation/ (tiny only, chapter 10)
 
 A step whose output is finished is skipped (finished runs are evidence and are
 never overwritten); with `rebuild_stale`, a step that `labkit.cache` finds stale
@@ -30,7 +31,7 @@ import sys
 import time
 from pathlib import Path
 
-from . import cache, larger_run
+from . import cache, larger_run, overoptimisation
 from .runs import REPO_ROOT, is_finished, read_json, write_json
 
 
@@ -50,6 +51,7 @@ def _done(preset: str, step: str) -> bool:
         "group_size": lambda: is_finished(root / "group_size"),
         "reward_model": lambda: is_finished(root / "reward_model"),
         "grpo_large": lambda: larger_run.is_built(preset),
+        "overoptimisation": lambda: overoptimisation.is_built(preset),
         "format_base": lambda: is_finished(root / "format_base") and is_finished(root / "format_base" / "evaluation"
                                                                                   / "format_base"),
     }
@@ -76,13 +78,15 @@ def _commands(preset: str, device: str | None, threads: int | None) -> list[tupl
     if preset == "tiny":
         steps.append(("format_base", ["format-base", *threaded]))
         steps.append(("grpo_large", ["grpo-large", *threaded]))
+        steps.append(("overoptimisation", ["overoptimisation", *common, "--workers", "2", "--no-progress"]))
     return steps
 
 
 # Steps of the pipeline that correspond to a cache step (for staleness and recording).
 CACHE_STEP = {"base": "base", "warm_start": "warm_start", "sft": "sft", "grpo": "grpo",
               "evaluation": "evaluation", "group_size": "group_size", "reward_model": "reward_model",
-              "format_base": "format_base", "grpo_large": "grpo_large"}
+              "format_base": "format_base", "grpo_large": "grpo_large",
+              "overoptimisation": "overoptimisation"}
 
 
 def move_stale_aside(preset: str, only: tuple[str, ...] | None = None) -> list[tuple[str, Path]]:

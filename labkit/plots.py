@@ -7,6 +7,8 @@ chapter order, without rewriting the others.
 
 from __future__ import annotations
 
+import math
+
 import matplotlib.pyplot as plt
 
 
@@ -917,5 +919,55 @@ def plot_pass_at_k_panels(panels: dict[str, dict[str, tuple[list[int], list[floa
     axes[0][-1].legend(fontsize=7, loc="lower right")
     if title:
         fig.suptitle(title, fontsize=10)
+    fig.tight_layout()
+    return fig
+
+
+def plot_overoptimisation(settings: dict[str, list[dict]], best_of_n: dict[str, list[dict]],
+                          colours: dict[str, str] | None = None):
+    """True and proxy reward against sqrt(KL) to the start (chapter 10, after Gao et al. 2022).
+
+    settings: {GRPO setting name: its checkpoint curves} (labkit.overoptimisation records: each
+    point's "sequence_kl", "true_success", "proxy_yes"); best_of_n: {proxy name: points} of
+    labkit.overoptimisation_summary.best_of_n_table (each "sqrt_kl", "true", "proxy_p").  Three
+    panels: (a) GRPO, true reward solid and proxy reward dashed, one colour per setting; (b) the
+    gap proxy - true of (a); (c) best-of-n, true solid and proxy's mean p dashed, one colour per
+    proxy.  y from 0 to 1 on (a) and (c)."""
+    if not settings or not best_of_n:
+        raise ValueError("need at least one GRPO setting and one best-of-n proxy to draw")
+    palette = ["tab:blue", "tab:green", "tab:orange", "tab:red", "tab:purple", "tab:brown", "tab:pink"]
+    colours = colours or {}
+    fig, axes = plt.subplots(1, 3, figsize=(13.0, 4.2))
+    for k, (name, curves) in enumerate(settings.items()):
+        colour = colours.get(name, palette[k % len(palette)])
+        x = [math.sqrt(c["sequence_kl"]) for c in curves]
+        axes[0].plot(x, [c["true_success"] for c in curves], color=colour, linewidth=2.0, marker="o", markersize=3,
+                     label=f"{name}: true")
+        axes[0].plot(x, [c["proxy_yes"] for c in curves], color=colour, linewidth=1.4, linestyle="--")
+        axes[1].plot(x, [c["proxy_yes"] - c["true_success"] for c in curves], color=colour, linewidth=2.0,
+                     marker="o", markersize=3, label=name)
+    axes[0].plot([], [], color="grey", linestyle="--", label="dashed: the proxy's reward")
+    axes[0].set_title("(a) GRPO against a proxy", fontsize=10)
+    axes[0].set_ylabel("share of 200 x 4 validation answers")
+    axes[1].set_title("(b) the gap: proxy - true", fontsize=10)
+    axes[1].set_ylabel("proxy reward - true reward")
+    axes[1].axhline(0.0, color="black", linewidth=0.8)
+    for k, (name, points) in enumerate(best_of_n.items()):
+        colour = colours.get(name, palette[k % len(palette)])
+        x = [p["sqrt_kl"] for p in points]
+        axes[2].plot(x, [p["true"] for p in points], color=colour, linewidth=2.0, marker="o", markersize=3,
+                     label=f"{name}: true")
+        axes[2].plot(x, [p["proxy_p"] for p in points], color=colour, linewidth=1.4, linestyle="--")
+        for p in points:
+            if k == 0:
+                axes[2].annotate(f"n={p['n']}", (p["sqrt_kl"], 0.02), fontsize=7, ha="center")
+    axes[2].plot([], [], color="grey", linestyle="--", label="dashed: the proxy's mean p")
+    axes[2].set_title("(c) best-of-n of the warm start against a proxy", fontsize=10)
+    axes[2].set_ylabel("expected reward of the pick")
+    for ax in (axes[0], axes[2]):
+        ax.set_ylim(0.0, 1.02)
+    for ax in axes:
+        ax.set_xlabel("sqrt(KL to the start), sqrt(nats)")
+        ax.legend(fontsize=7, loc="best")
     fig.tight_layout()
     return fig

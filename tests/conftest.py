@@ -27,6 +27,7 @@ PORTABLE_FILES = {
     "test_cached_run.py", "test_grpo_snapshot.py", "test_results_page.py", "test_evaluate.py",
     "test_difficulty.py", "test_metrics.py", "test_models.py", "test_paired.py", "test_reward_model.py",
     "test_format_base.py", "test_agreement.py", "test_plots_ch07.py", "test_notebook_ch10.py",
+    "test_overoptimisation.py",
     # two implementations of one function, compared within a tolerance
     "test_losses.py", "test_sampling.py", "test_scoring.py", "test_shared_prompt.py", "test_static_sampler.py",
     "test_state.py",

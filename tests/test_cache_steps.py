@@ -11,12 +11,14 @@ def _verdicts(stale: set[str]) -> dict:
 
 @pytest.mark.parametrize("stale, expected", [
     ({"base"}, ["base", "warm_start", "sft", "grpo", "evaluation", "group_size", "reward_model", "format_base",
-                "grpo_large"]),
-    ({"warm_start"}, ["warm_start", "sft", "grpo", "evaluation", "group_size", "reward_model", "grpo_large"]),
+                "grpo_large", "overoptimisation"]),
+    ({"warm_start"}, ["warm_start", "sft", "grpo", "evaluation", "group_size", "reward_model", "grpo_large",
+                      "overoptimisation"]),
     ({"grpo_large"}, ["grpo_large"]),
     ({"grpo"}, ["grpo", "evaluation", "group_size"]),
-    ({"sft"}, ["sft", "evaluation", "group_size", "reward_model"]),
-    ({"reward_model"}, ["reward_model"]),
+    ({"sft"}, ["sft", "evaluation", "group_size", "reward_model", "overoptimisation"]),
+    ({"reward_model"}, ["reward_model", "overoptimisation"]),
+    ({"overoptimisation"}, ["overoptimisation"]),
     ({"format_base"}, ["format_base"]),
     ({"evaluation"}, ["evaluation", "group_size"]),
     ({"group_size"}, ["group_size"]),

@@ -69,4 +69,14 @@ def test_the_chapter_10_figures_take_plain_data_and_refuse_empty_input():
     assert [t.get_text() for t in fig.axes[0].get_xticklabels()] == ["0", "1"]
     with pytest.raises(ValueError, match="no profiles"):
         plots.plot_difficulty_profiles({})
+    curves = [{"sequence_kl": 0.0, "true_success": 0.6, "proxy_yes": 0.7},
+              {"sequence_kl": 0.25, "true_success": 0.4, "proxy_yes": 0.9}]
+    points = [{"n": 1, "sqrt_kl": 0.0, "true": 0.6, "proxy_p": 0.65}, {"n": 2, "sqrt_kl": 0.44, "true": 0.7, "proxy_p": 0.7}]
+    fig = plots.plot_overoptimisation({"s": curves}, {"base_100": points})
+    assert len(fig.axes) == 3
+    true_line, proxy_line = fig.axes[0].lines[:2]
+    assert list(true_line.get_xdata()) == [0.0, 0.5] and list(proxy_line.get_ydata()) == [0.7, 0.9]
+    assert [round(y, 12) for y in fig.axes[1].lines[0].get_ydata()] == [0.1, 0.5]  # the gap, proxy - true
+    with pytest.raises(ValueError, match="at least one GRPO setting"):
+        plots.plot_overoptimisation({}, {"base_100": points})
     matplotlib.pyplot.close("all")

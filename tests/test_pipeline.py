@@ -17,7 +17,7 @@ def fake_cache(monkeypatch, tmp_path, stale: set[str]):
 def test_a_stale_step_and_everything_built_from_it_are_moved_aside(monkeypatch, tmp_path, capsys):
     fake_cache(monkeypatch, tmp_path, {"sft"})
     moved = pipeline.move_stale_aside("tiny")
-    assert [name for name, _ in moved] == ["sft", "evaluation", "group_size", "reward_model"]
+    assert [name for name, _ in moved] == ["sft", "evaluation", "group_size", "reward_model", "overoptimisation"]
     assert not (tmp_path / "sft").exists() and (tmp_path / "warm_start").is_dir() and (tmp_path / "base").is_dir()
     assert all(aside.parent.parent == tmp_path / "stale" for _, aside in moved) and all(a.is_dir() for _, a in moved)
     assert "sft is stale (labkit/x.py); moving sft to" in capsys.readouterr().out
