@@ -30,10 +30,13 @@ from .overoptimisation import BEST_OF_N_DRAWS, BEST_OF_N_SIZES, PROXIES, best_of
 
 def proxy_table(proxies: dict) -> list[dict]:
     """One row per proxy: its judge, share, training responses and held-out precision and recall."""
-    return [{"name": name, "judge": r["judge"], "share": r["share"], "train_responses": r["train_responses"],
-             "held_out_n": r["metrics"]["held_out"]["n"], "precision": r["metrics"]["held_out"]["precision"],
-             "recall": r["metrics"]["held_out"]["recall"], "accuracy": r["metrics"]["held_out"]["accuracy"]}
-            for name, r in proxies.items()]
+    rows = []
+    for name in [p.name for p in PROXIES if p.name in proxies]:  # the table's order, not the file's
+        r = proxies[name]
+        rows.append({"name": name, "judge": r["judge"], "share": r["share"], "train_responses": r["train_responses"],
+                     "held_out_n": r["metrics"]["held_out"]["n"], "precision": r["metrics"]["held_out"]["precision"],
+                     "recall": r["metrics"]["held_out"]["recall"], "accuracy": r["metrics"]["held_out"]["accuracy"]})
+    return rows
 
 
 def _compare(a_counts: list[int], b_counts: list[int], draws: int) -> dict:
