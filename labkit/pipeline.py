@@ -78,7 +78,8 @@ def _commands(preset: str, device: str | None, threads: int | None) -> list[tupl
     if preset == "tiny":
         steps.append(("format_base", ["format-base", *threaded]))
         steps.append(("grpo_large", ["grpo-large", *threaded]))
-        steps.append(("overoptimisation", ["overoptimisation", *common, "--workers", "2", "--no-progress"]))
+        # CPU only, two worker processes of one thread each (its runs are recorded with that count)
+        steps.append(("overoptimisation", ["overoptimisation", "--preset", preset, "--workers", "2", "--no-progress"]))
     return steps
 
 
