@@ -497,7 +497,7 @@ def run_all(preset: str = "tiny", *, only: tuple[str, ...] | None = None, worker
     for name in only or ():
         get_setting(name)  # an unknown name is refused before any work
     out = root(preset)
-    if (out / "manifest.json").is_file() and not overwrite and not only:
+    if (out / "manifest.json").is_file() and not overwrite:  # a built step is evidence: never rewritten quietly
         raise FileExistsError(f"{out} is built (manifest.json); pass --overwrite to rebuild it")
     if overwrite:
         (out / "manifest.json").unlink(missing_ok=True)
