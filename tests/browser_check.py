@@ -67,6 +67,10 @@ MATHJAX_TIMEOUT_MS = 20_000
 # "networkidle" (no request for 500 ms, within 10 s) failed on a loaded CI machine with no request
 # named; the check counts its own in-flight requests instead and names any still open.
 LATE_REQUESTS_TIMEOUT_S = 60.0
+# ... and how long the page must then stay quiet (no request open, none started or ended): a font that
+# MathJax asks for as the page lays out can start just after the last one ended (a loaded machine
+# showed one aborted by the next navigation).
+QUIET_S = 1.0
 
 # Run in the page after it has loaded: wait for MathJax and the images, then report what the
 # checks need.  MathJax is loaded with `defer`, so `MathJax.startup` exists by the load event
@@ -247,19 +251,33 @@ def check_book(html_dir: Path, screenshots: Path) -> int:
                     route.abort("blockedbyclient")
 
             in_flight: dict[object, str] = {}  # request -> URL, from sent until finished or failed
+            sent_by: dict[object, str] = {}  # request -> the page being checked when it was sent
+            last_activity = [time.monotonic()]  # when a request last started, finished or failed
+            left_behind: list[str] = []  # a page's requests that the check's next navigation aborted
 
             def on_request(request):
                 nonlocal requests
                 requests += 1
                 in_flight[request] = request.url
+                sent_by[request] = current["page"]
+                last_activity[0] = time.monotonic()
 
             def on_finished(request):
                 in_flight.pop(request, None)
+                last_activity[0] = time.monotonic()
 
             def on_failed(request):
                 in_flight.pop(request, None)
-                if request.url not in blocked:
-                    failures.append(f"{current['page']}: request failed ({request.failure}): {request.url}")
+                last_activity[0] = time.monotonic()
+                page_of = sent_by.get(request, current["page"])
+                if request.url in blocked:
+                    return
+                if "ERR_ABORTED" in str(request.failure) and page_of != current["page"]:
+                    # a request of the page just left, aborted by the check's own navigation (a reader
+                    # clicking on does the same): said, not failed; it must not be one that never ends
+                    left_behind.append(f"{page_of}: {request.url}")
+                    return
+                failures.append(f"{page_of}: request failed ({request.failure}): {request.url}")
 
             def on_response(response):
                 if response.status >= 400:
@@ -288,7 +306,8 @@ def check_book(html_dir: Path, screenshots: Path) -> int:
                 # Let the page's late requests (MathJax fonts fetched as it typesets) finish before the
                 # next navigation aborts them: an aborted font is the check's doing, not the book's.
                 waited_until = time.monotonic() + LATE_REQUESTS_TIMEOUT_S
-                while in_flight and time.monotonic() < waited_until:
+                while (in_flight or time.monotonic() - last_activity[0] < QUIET_S) \
+                        and time.monotonic() < waited_until:
                     page.wait_for_timeout(100)  # lets Playwright deliver the requests' events
                 if in_flight:
                     failures.append(f"{name}: {len(in_flight)} requests still pending "
@@ -338,6 +357,8 @@ def check_book(html_dir: Path, screenshots: Path) -> int:
     elapsed = time.monotonic() - started
     for failure in failures:
         print("FAIL", failure)
+    for aborted in left_behind:
+        print("aborted by the next navigation (not a failure):", aborted)
     for name, shot in wanted_shots.items():
         if shot.is_file() and name in pages:
             print(f"screenshot: {shot}")
