@@ -35,8 +35,8 @@ LOGS = ROOT / "_build" / "test-logs"
 # (name, command, extra environment); phases in one inner list run side by side.  The qwen-size
 # smoke (tests/test_smoke.py, 5.1 GiB at its peak: a 151,936-token embedding, its AdamW moments and
 # full-vocabulary logits) runs beside the book builds only (0.2 GiB), so that the whole run stays
-# under 6 GB, a laptop's budget; the portable-kernel unit pass (2 GiB) runs beside the two browser
-# checks (0.5 GiB each).
+# under 6 GB, a laptop's budget; it uses two threads (tests/test_smoke.py), the books being short.  The
+# portable-kernel unit pass (two workers, 2.6 GiB) runs beside the two browser checks (1 GiB each).
 SMOKE = "tests/test_smoke.py"
 STUDENT_HTML = "_build/student_src/_build/html"  # the Makefile's STUDENT_HTML
 GROUPS = [
@@ -48,7 +48,8 @@ GROUPS = [
     [("qwen-size smoke", [PY, "-m", "pytest", "-q", SMOKE], {}),
      ("books", ["sh", "-c", "make --no-print-directory book && make --no-print-directory student-book"], {})],
     # the two books' browser checks (the same checks as `make browser-check`) beside the portable pass
-    [("unit, portable kernels", [PY, "-m", "pytest", "-q", "--durations=15", "-m", "portable", "tests"], PORTABLE),
+    [("unit, portable kernels", [PY, "-m", "pytest", "-q", "-n", "2", "--dist", "loadfile", "--durations=15", "-m",
+                                 "portable", "tests"], PORTABLE),
      ("browser check", [PY, "tests/browser_check.py", "_build/html", "--screenshots", "_build/screenshots"], {}),
      ("browser check, student book",
       ["sh", "-c", f"{PY} tests/browser_check.py {STUDENT_HTML} --screenshots _build/screenshots/student && "
