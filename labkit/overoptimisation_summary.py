@@ -39,11 +39,6 @@ def proxy_table(proxies: dict) -> list[dict]:
     return rows
 
 
-def _compare(a_counts: list[int], b_counts: list[int], draws: int) -> dict:
-    """The paired difference (b - a) of per-problem counts, as labkit.paired gives it."""
-    return paired.paired_mean_difference(a_counts, b_counts, draws)
-
-
 def setting_summary(record: dict) -> dict:
     """Start, peak (of the true reward) and end of a GRPO setting, with paired tests start -> end."""
     curves = record["curves"]
@@ -51,9 +46,8 @@ def setting_summary(record: dict) -> dict:
     peak = max(curves, key=lambda c: (c["true_success"], -c["iteration"]))  # the first of equal maxima (exact
     # rates: counts over the same 800 answers)
     D = start["draws"]
-    true_change = _compare(start["true_counts"], end["true_counts"], D)
-    proxy_change = _compare(start["proxy_counts"], end["proxy_counts"], D)
-    fall_from_peak = _compare(peak["true_counts"], end["true_counts"], D)
+    true_change = paired.paired_mean_difference(start["true_counts"], end["true_counts"], D)
+    proxy_change = paired.paired_mean_difference(start["proxy_counts"], end["proxy_counts"], D)
     return {
         "name": record["setting"]["name"], "proxy": record["setting"]["proxy"], "kl": record["setting"]["kl"],
         "iterations": record["setting"]["iterations"],
@@ -62,7 +56,7 @@ def setting_summary(record: dict) -> dict:
                 "iteration": end["iteration"]},
         "peak": {"true": peak["true_success"], "iteration": peak["iteration"], "kl": peak["sequence_kl"],
                  "sqrt_kl": math.sqrt(peak["sequence_kl"])},
-        "true_change": true_change, "proxy_change": proxy_change, "fall_from_peak": fall_from_peak,
+        "true_change": true_change, "proxy_change": proxy_change,
         "over_optimised": over_optimised(true_change, proxy_change),
     }
 
