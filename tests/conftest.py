@@ -12,30 +12,19 @@ differently), only the tests whose outcome could depend on how a CPU rounds: tho
 compare a computation with a stored value (the committed run, models, snapshots, evaluations)
 and those that compare two implementations of one function within a tolerance.  A test that
 compares a process with itself (a kill and resume, a deterministic rerun) or checks files,
-messages and pure-Python logic gives the same verdict under any kernel, so it runs once.
+messages and pure-Python logic gives the same verdict under any kernel, so it runs once.  The
+lists are in tests/portable.py; its TORCH_FREE_FILES compare stored values without torch, which
+the hooks below check.
 """
 
 from pathlib import Path
 
 import pytest
 import torch
+from portable import PORTABLE_FILES, PORTABLE_TESTS, TORCH_FREE_FILES  # tests/portable.py, also read by phases.py
+from torch.utils._python_dispatch import TorchDispatchMode
 
 torch.set_num_threads(1)
-
-PORTABLE_FILES = {
-    # stored values: the committed run, its models, evaluations, snapshots, pages and proxies
-    "test_cached_run.py", "test_grpo_snapshot.py", "test_results_page.py", "test_evaluate.py",
-    "test_difficulty.py", "test_metrics.py", "test_models.py", "test_paired.py", "test_reward_model.py",
-    "test_format_base.py", "test_agreement.py", "test_plots_ch07.py", "test_notebook_ch10.py",
-    "test_overoptimisation.py",
-    # two implementations of one function, compared within a tolerance
-    "test_losses.py", "test_sampling.py", "test_scoring.py", "test_shared_prompt.py", "test_static_sampler.py",
-    "test_state.py",
-}
-PORTABLE_TESTS = {  # single tests of files that mostly run processes against themselves
-    "test_sweep.py": {"test_the_committed_sweep_is_complete_for_this_code",
-                      "test_the_committed_chapter10_sweep_is_complete_and_rescored_exactly"},
-}
 
 
 def pytest_collection_modifyitems(config, items):
@@ -45,6 +34,38 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(pytest.mark.portable)
 
 
-@pytest.hookimpl(tryfirst=True)
+class _TorchOperations(TorchDispatchMode):
+    """Counts the ATen operations run while it is active (each one could round by the CPU's kernels)."""
+
+    def __init__(self):
+        super().__init__()
+        self.seen: dict[str, int] = {}
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.seen[str(func)] = self.seen.get(str(func), 0) + 1
+        return func(*args, **(kwargs or {}))
+
+
+def _torch_free(item, phase: str):
+    """Run a TORCH_FREE_FILES test's `phase` under the counter; any operation fails the test, naming it."""
+    if Path(str(item.fspath)).name not in TORCH_FREE_FILES:
+        return (yield)
+    with _TorchOperations() as counter:
+        result = yield
+    if counter.seen:
+        ops = ", ".join(f"{op} x{n}" for op, n in sorted(counter.seen.items(), key=lambda kv: -kv[1])[:3])
+        pytest.fail(f"{item.nodeid} ran torch operations in its {phase} ({ops}): its verdict can depend on the "
+                    "CPU's kernels, so move its file from TORCH_FREE_FILES to PORTABLE_FILES (tests/portable.py)",
+                    pytrace=False)
+    return result
+
+
+@pytest.hookimpl(wrapper=True)
 def pytest_runtest_setup(item):
-    torch.set_num_threads(1)
+    torch.set_num_threads(1)  # before any fixture of the test is set up
+    return (yield from _torch_free(item, "set-up"))
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_call(item):
+    return (yield from _torch_free(item, "call"))

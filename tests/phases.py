@@ -38,18 +38,24 @@ LOGS = ROOT / "_build" / "test-logs"
 # under 6 GB, a laptop's budget; it uses two threads (tests/test_smoke.py), the books being short.  The
 # portable-kernel unit pass (two workers, 2.6 GiB) runs beside the two browser checks (1 GiB each).
 SMOKE = "tests/test_smoke.py"
+# The unit passes do not load nbval's plugin (its nbformat and jsonschema imports cost 2 s in each of a
+# pass's three processes); the portable pass names its files, so that pytest imports only those.
+sys.path.insert(0, str(ROOT / "tests"))
+from portable import PORTABLE_FILES, PORTABLE_TESTS  # noqa: E402  (no imports of its own: no torch here)
+
+PORTABLE_PATHS = sorted(f"tests/{name}" for name in PORTABLE_FILES | set(PORTABLE_TESTS))
 STUDENT_HTML = "_build/student_src/_build/html"  # the Makefile's STUDENT_HTML
 GROUPS = [
     [("prepare", ["make", "--no-print-directory", "setup", "mathjax", "browser"], {})],  # once, before phases share them
-    [("unit", [PY, "-m", "pytest", "-q", "-n", "2", "--dist", "loadfile", "--durations=25", f"--ignore={SMOKE}",
-               "tests"], {})],
+    [("unit", [PY, "-m", "pytest", "-q", "-p", "no:nbval", "-n", "2", "--dist", "loadfile", "--durations=25",
+               f"--ignore={SMOKE}", "tests"], {})],
     [("nbval", [PY, "-m", "pytest", "-q", "--nbval", "--nbval-current-env", "notebooks"], {}),
      ("nbval, portable kernels", [PY, "-m", "pytest", "-q", "--nbval", "--nbval-current-env", "notebooks"], PORTABLE)],
-    [("qwen-size smoke", [PY, "-m", "pytest", "-q", SMOKE], {}),
+    [("qwen-size smoke", [PY, "-m", "pytest", "-q", "-p", "no:nbval", SMOKE], {}),
      ("books", ["sh", "-c", "make --no-print-directory book && make --no-print-directory student-book"], {})],
     # the two books' browser checks (the same checks as `make browser-check`) beside the portable pass
-    [("unit, portable kernels", [PY, "-m", "pytest", "-q", "-n", "2", "--dist", "loadfile", "--durations=15", "-m",
-                                 "portable", "tests"], PORTABLE),
+    [("unit, portable kernels", [PY, "-m", "pytest", "-q", "-p", "no:nbval", "-n", "2", "--dist", "loadfile",
+                                 "--durations=15", "-m", "portable", *PORTABLE_PATHS], PORTABLE),
      ("browser check", [PY, "tests/browser_check.py", "_build/html", "--screenshots", "_build/screenshots"], {}),
      ("browser check, student book",
       ["sh", "-c", f"{PY} tests/browser_check.py {STUDENT_HTML} --screenshots _build/screenshots/student && "
@@ -111,8 +117,12 @@ def run_group(group, interval: float = 0.2) -> list[dict]:
         total = 0
         for r in running:
             if r["seconds"] is None:
-                if r["process"].poll() is not None:
+                # wait4 reaps the phase and gives its CPU time, that of every descendant it waited for included
+                pid, status, usage = os.wait4(r["process"].pid, os.WNOHANG)
+                if pid:
                     r["seconds"] = time.perf_counter() - r["start"]
+                    r["code"], r["cpu"] = os.waitstatus_to_exitcode(status), usage.ru_utime + usage.ru_stime
+                    r["process"].returncode = r["code"]  # reaped here, so Popen must not wait for it again
                     r["log"].close()
                     continue
                 rss = tree_rss(r["process"].pid, tree)
@@ -120,7 +130,7 @@ def run_group(group, interval: float = 0.2) -> list[dict]:
         group_peak = max(group_peak, total)
         time.sleep(interval)
     for r in running:
-        r["code"], r["group_peak"] = r["process"].returncode, group_peak
+        r["group_peak"] = group_peak
     return running
 
 
@@ -164,10 +174,12 @@ def main(argv: list[str] | None = None) -> int:
             break
     wall = time.perf_counter() - began
     largest = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss * 1024  # kilobytes on Linux
-    print(f"\n{'phase':<28}{'wall s':>8}{'peak GiB':>10}{'its group, peak GiB':>21}")
+    print(f"\n{'phase':<28}{'wall s':>8}{'CPU s':>8}{'peak GiB':>10}{'its group, peak GiB':>21}")
     for r in results:
-        print(f"{r['name']:<28}{r['seconds']:>8.0f}{r['peak'] / 2**30:>10.2f}{r['group_peak'] / 2**30:>21.2f}")
-    print(f"{'make test':<28}{wall:>8.0f}{max(r['group_peak'] for r in results) / 2**30:>10.2f}"
+        print(f"{r['name']:<28}{r['seconds']:>8.0f}{r['cpu']:>8.0f}{r['peak'] / 2**30:>10.2f}"
+              f"{r['group_peak'] / 2**30:>21.2f}")
+    print(f"{'make test':<28}{wall:>8.0f}{sum(r['cpu'] for r in results):>8.0f}"
+          f"{max(r['group_peak'] for r in results) / 2**30:>10.2f}"
           f"   (ru_maxrss of the largest process: {largest / 2**30:.2f} GiB; it misses a peak that a process"
           " reset itself, as the smoke does at each stage)")
     print("make test: " + ("passed" if code == 0 else "FAILED"), flush=True)

@@ -175,8 +175,9 @@ QUICK_ANSWER_PHASE = AnswerPhaseConfig(steps=2, documents_per_step=2, warmup_ste
 
 
 def test_a_short_pretraining_is_deterministic_and_never_overwrites(tmp_path):
+    # four probe documents, not 256: the probe is measured, not what this test checks (4 s less a run)
     cfg = pretrain.PretrainConfig(steps=2, rows_per_step=2, heldout_rows=2, log_every=1, heldout_every=2,
-                                  answer=QUICK_ANSWER_PHASE)
+                                  probe_documents=4, answer=QUICK_ANSWER_PHASE)
     first = pretrain.pretrain(cfg, tmp_path / "a", progress=False)
     second = pretrain.pretrain(cfg, tmp_path / "b", progress=False)
     assert first["parameter_digest"] == second["parameter_digest"] != first["initial_parameter_digest"]
@@ -192,7 +193,7 @@ def test_a_short_pretraining_is_deterministic_and_never_overwrites(tmp_path):
 
 def test_pretraining_restores_the_thread_count(tmp_path):
     before = torch.get_num_threads()
-    cfg = pretrain.PretrainConfig(steps=1, rows_per_step=1, heldout_rows=1, threads=before + 1,
+    cfg = pretrain.PretrainConfig(steps=1, rows_per_step=1, heldout_rows=1, probe_documents=4, threads=before + 1,
                                   answer=QUICK_ANSWER_PHASE)
     pretrain.pretrain(cfg, tmp_path / "c", progress=False)
     assert torch.get_num_threads() == before
