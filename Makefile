@@ -70,7 +70,7 @@ student: $(STAMP)  ## write the student copies of every chapter (solutions stubb
 	$(PY) -m labkit student --out student/
 
 unit: $(STAMP)  ## unit tests only, on both cores
-	$(PY) -m pytest -q -p no:nbval -n 2 --dist loadfile tests
+	$(PY) -m pytest -q -p no:nbval -n 2 --dist loadfile --no-loadscope-reorder tests
 
 notebooks: $(STAMP)  ## re-execute every chapter and compare with its stored outputs (nbval)
 	$(PY) -m pytest -q --nbval --nbval-current-env notebooks

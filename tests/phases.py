@@ -38,8 +38,10 @@ LOGS = ROOT / "_build" / "test-logs"
 # under 6 GB, a laptop's budget; it uses two threads (tests/test_smoke.py), the books being short.  The
 # portable-kernel unit pass (two workers, 2.6 GiB) runs beside the two browser checks (1 GiB each).
 SMOKE = "tests/test_smoke.py"
-# The unit passes do not load nbval's plugin (its nbformat and jsonschema imports cost 2 s in each of a
-# pass's three processes); the portable pass names its files, so that pytest imports only those.
+# The unit passes hand out files in conftest.py's order, slowest first (with --no-loadscope-reorder; xdist
+# would sort them by their number of tests), so that both workers end together (210 -> 178 s).  They do
+# not load nbval's plugin (its nbformat and jsonschema imports cost 2 s in each of a pass's three
+# processes); the portable pass names its files, so that pytest imports only those.
 sys.path.insert(0, str(ROOT / "tests"))
 from portable import PORTABLE_FILES, PORTABLE_TESTS  # noqa: E402  (no imports of its own: no torch here)
 
@@ -47,7 +49,8 @@ PORTABLE_PATHS = sorted(f"tests/{name}" for name in PORTABLE_FILES | set(PORTABL
 STUDENT_HTML = "_build/student_src/_build/html"  # the Makefile's STUDENT_HTML
 GROUPS = [
     [("prepare", ["make", "--no-print-directory", "setup", "mathjax", "browser"], {})],  # once, before phases share them
-    [("unit", [PY, "-m", "pytest", "-q", "-p", "no:nbval", "-n", "2", "--dist", "loadfile", "--durations=25",
+    [("unit", [PY, "-m", "pytest", "-q", "-p", "no:nbval", "-n", "2", "--dist", "loadfile", "--no-loadscope-reorder",
+               "--durations=25",
                f"--ignore={SMOKE}", "tests"], {})],
     [("nbval", [PY, "-m", "pytest", "-q", "--nbval", "--nbval-current-env", "notebooks"], {}),
      ("nbval, portable kernels", [PY, "-m", "pytest", "-q", "--nbval", "--nbval-current-env", "notebooks"], PORTABLE)],
@@ -55,7 +58,7 @@ GROUPS = [
      ("books", ["sh", "-c", "make --no-print-directory book && make --no-print-directory student-book"], {})],
     # the two books' browser checks (the same checks as `make browser-check`) beside the portable pass
     [("unit, portable kernels", [PY, "-m", "pytest", "-q", "-p", "no:nbval", "-n", "2", "--dist", "loadfile",
-                                 "--durations=15", "-m", "portable", *PORTABLE_PATHS], PORTABLE),
+                                 "--no-loadscope-reorder", "--durations=15", "-m", "portable", *PORTABLE_PATHS], PORTABLE),
      ("browser check", [PY, "tests/browser_check.py", "_build/html", "--screenshots", "_build/screenshots"], {}),
      ("browser check, student book",
       ["sh", "-c", f"{PY} tests/browser_check.py {STUDENT_HTML} --screenshots _build/screenshots/student && "
