@@ -258,7 +258,10 @@ def student_book_leaks(student_html: str | Path, instructor_html: str | Path | N
 
 def build_parser() -> argparse.ArgumentParser:
     """The commands of `python -m labkit.book`."""
-    parser = argparse.ArgumentParser(prog="python -m labkit.book", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m labkit.book", description=__doc__.split("\n\n")[0],
+        epilog="These tools work on the book, from the files the lab's runs wrote; the protocol's steps "
+               "(data, training, evaluation, the cache) are `python -m labkit --help`.")
     sub = parser.add_subparsers(dest="command", required=True)
     p = sub.add_parser("check-offline", help="fail if a built page or style sheet fetches from another host")
     p.add_argument("html_dir", nargs="?", default="_build/html")

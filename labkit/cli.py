@@ -673,6 +673,11 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="python -m labkit",
         description="GRPO course lab: run each step of the protocol (see book/protocol.md).",
+        epilog="Two commands, split by what they touch: `python -m labkit` makes and checks the lab's runs "
+               "(models, rollouts, evaluations); `python -m labkit.book` works on the book itself, from the "
+               "files those runs wrote (offline check, results page, student sources, re-executing "
+               "chapters): `python -m labkit.book --help`.  `results-json` here recomputes "
+               "a run's numbers; `labkit.book results-page` writes the page that prints them.",
     )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     sub.required = True
