@@ -81,10 +81,10 @@ notebooks-portable: $(STAMP)  ## nbval again with PyTorch's portable kernels (AT
 	ATEN_CPU_CAPABILITY=default $(PY) -m pytest -q --nbval --nbval-current-env notebooks
 
 # The phases run two at a time where they are independent (tests/phases.py, which prints each
-# phase's wall time and peak memory at the end): the unit tests on both cores (pytest-xdist), then
-# nbval under the native and the portable kernels side by side, then the qwen-size smoke beside
-# the unit tests marked `portable` (they compare stored values or two implementations,
-# tests/conftest.py) under the portable kernels, then both books side by side, then the browser check.
+# phase's wall time, CPU time and peak memory at the end): the unit tests on both cores
+# (pytest-xdist), then nbval under the native and the portable kernels side by side, then the qwen
+# smoke beside both books' builds, then the unit tests marked `portable` (they compare stored values
+# or two implementations: tests/portable.py) under the portable kernels beside the two browser checks.
 test: $(STAMP)  ## unit tests and nbval under native and portable kernels, both books and their browser check
 	$(PY) tests/phases.py
 

@@ -295,7 +295,7 @@ def cmd_smoke(args: argparse.Namespace) -> int:
     from . import smoke
 
     report = smoke.run_smoke(args.preset, random_weights=args.random_weights, device=args.device, layers=args.layers,
-                             run_dir=args.run_dir, max_new_tokens=args.max_new_tokens,
+                             head_dim=args.head_dim, run_dir=args.run_dir, max_new_tokens=args.max_new_tokens,
                              eval_problems=args.eval_problems, rewards=args.rewards, progress=not args.no_progress,
                              state_compresslevel=args.state_compresslevel)
     smoke.print_report(report)
@@ -516,6 +516,10 @@ def _add_training_commands(sub) -> None:
     p.add_argument("--layers", type=int, default=24,
                    help="decoder layers, full widths and vocabulary (default: %(default)s, the real model; the unit "
                         "test uses 2)")
+    p.add_argument("--head-dim", type=int, default=64,
+                   help="attention head width: 64 is the real model; smaller keeps Qwen's 14 query and 2 key/value "
+                        "heads and the full vocabulary and scales the widths (hidden 14 x, MLP 76 x this; the unit "
+                        "test uses 16) (default: %(default)s)")
     p.add_argument("--max-new-tokens", type=int, default=None,
                    help="response token limit of every sampler call (default: 8 on the CPU, the protocol's 64 on CUDA)")
     p.add_argument("--eval-problems", type=int, default=1,
@@ -528,7 +532,7 @@ def _add_training_commands(sub) -> None:
                    help="the state file's gzip level: 1 as the runs save it, 0 stored uncompressed in the same "
                         "format (faster; the unit test's) (default: %(default)s)")
     p.add_argument("--run-dir", type=Path, default=None,
-                   help="run folder (default: runs/scratch/smoke-qwen-<device>-<layers>l-<UTC time>); a finished "
+                   help="run folder (default: runs/scratch/smoke-qwen-<device>-<layers>l[-hd<head dim>]-<UTC time>); a finished "
                         "run there is refused")
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's)")
     p.add_argument("--no-progress", action="store_true", help="no progress line per stage")

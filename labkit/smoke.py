@@ -62,10 +62,12 @@ without it, the peak so far); on CUDA also `torch.cuda.max_memory_allocated` and
 `max_memory_reserved`, reset per stage.  The large intermediate files (model folder,
 warm-start file, state file) are deleted after use; their sizes are recorded.
 
-`layers=N` builds the same model with N decoder layers instead of 24 (full vocabulary and
-widths): the unit tests run 2.  The qwen loader must refuse such a model (it checks the layer
-count and the parameter count), and the smoke checks that it refuses for exactly those two
-reasons; it then loads saved files into a blank model of the same config instead.
+`layers=N` builds the same model with N decoder layers instead of 24, and `head_dim=W` with heads
+W wide instead of 64 (Qwen's 14 query and 2 key/value heads and full vocabulary kept, the hidden
+and MLP widths scaled with W): the unit tests run 2 layers at W = 16, the same code at a quarter of
+the width.  The qwen loader must refuse such a model (it checks every architecture field and the
+parameter count), and the smoke checks that it refuses for exactly the fields it changed and the
+count; it then loads saved files into a blank model of the same config instead.
 
 Host memory, not the GPU's, limits the state stages.  `state.save_state` streams the
 captured copy through gzip into the file (measured on a 1 GiB state: 0.46 x the state on top
@@ -253,14 +255,32 @@ def check_standin_tokenizer(tokenizer) -> None:
 # -- 2. The model --------------------------------------------------------------------------------
 
 
-def smoke_model_config(layers: int = 24):
-    """Qwen2.5-0.5B-Instruct's `Qwen2Config` (eager), with `layers` decoder layers instead of 24."""
+QWEN_HEAD_DIM = 64  # Qwen2.5-0.5B-Instruct: 14 query heads x 64 = 896, 2 key/value heads, MLP 4,864 = 76 x 64
+MLP_PER_HEAD_DIM = 76
+
+
+def smoke_model_config(layers: int = 24, head_dim: int = QWEN_HEAD_DIM):
+    """Qwen2.5-0.5B-Instruct's `Qwen2Config` (eager), with `layers` decoder layers instead of 24.
+
+    head_dim: the width of an attention head (64: Qwen's).  A narrower stand-in keeps Qwen's 14
+    query heads, 2 key/value heads and full vocabulary, and scales the widths with it: hidden size
+    14 x head_dim, MLP 76 x head_dim (the unit test uses 16: the same code on a quarter of the width).
+    """
     if isinstance(layers, bool) or not isinstance(layers, int) or layers < 1:
         raise ValueError(f"--layers {layers!r}: must be at least 1 (24 is Qwen2.5-0.5B-Instruct)")
+    if isinstance(head_dim, bool) or not isinstance(head_dim, int) or not 2 <= head_dim <= QWEN_HEAD_DIM \
+            or head_dim % 2:
+        raise ValueError(f"--head-dim {head_dim!r}: must be an even number in 2..{QWEN_HEAD_DIM} "
+                         f"(rotary embeddings pair a head's dimensions; {QWEN_HEAD_DIM} is Qwen2.5-0.5B-Instruct)")
     config = models.qwen_config()
     config.num_hidden_layers = layers
     if hasattr(config, "layer_types") and config.layer_types is not None:  # transformers 5 keeps one per layer
         config.layer_types = config.layer_types[:1] * layers
+    if head_dim != QWEN_HEAD_DIM:
+        config.hidden_size = config.num_attention_heads * head_dim
+        config.intermediate_size = MLP_PER_HEAD_DIM * head_dim
+        if getattr(config, "head_dim", None) is not None:
+            config.head_dim = head_dim
     return config
 
 
@@ -295,17 +315,20 @@ def blank_model(config, device: str):
     return model.to(torch.float32).to(device).eval()
 
 
+SMOKE_FIELDS = ("hidden_size", "intermediate_size", "num_hidden_layers")  # what smoke_model_config may change
+
+
 def expected_refusal(config) -> list[str]:
-    """What `models.check_qwen` must say of a model with `config` (none for the real 24 layers)."""
-    layers = config.num_hidden_layers
-    if layers == models.QWEN_ARCH["num_hidden_layers"]:
-        return []
-    return [f"config.num_hidden_layers is {layers!r}, expected {models.QWEN_ARCH['num_hidden_layers']!r}",
-            "unique trainable parameters, expected 494,032,768"]
+    """What `models.check_qwen` must say of a model with `config` (none for the real 24 layers at full
+    width): each changed field, in the loader's order, then the parameter count."""
+    changed = [f"config.{key} is {getattr(config, key)!r}, expected {models.QWEN_ARCH[key]!r}"
+               for key in models.QWEN_ARCH if key in SMOKE_FIELDS and getattr(config, key) != models.QWEN_ARCH[key]]
+    return changed + ["unique trainable parameters, expected 494,032,768"] if changed else []
 
 
 def check_architecture(model, config) -> str:
-    """Run the qwen loader's check: it accepts 24 layers, and refuses N layers for exactly two reasons."""
+    """Run the qwen loader's check: it accepts Qwen's 24 layers at full width, and refuses a smaller model
+    for exactly the reasons `expected_refusal` names."""
     expected = expected_refusal(config)
     try:
         models.check_qwen(model)
@@ -315,7 +338,8 @@ def check_architecture(model, config) -> str:
             return f"refused as it must be: {'; '.join(problems)}"
         raise
     if expected:
-        raise RuntimeError(f"models.check_qwen accepted a model with {config.num_hidden_layers} layers")
+        raise RuntimeError(f"models.check_qwen accepted a model with {config.num_hidden_layers} layers and hidden "
+                           f"size {config.hidden_size}")
     return "accepted"
 
 
@@ -988,16 +1012,17 @@ def stage_evaluate(s: Smoke, detail: dict, mode: str) -> None:
 # -- 5. The whole run --------------------------------------------------------------------------------
 
 
-def default_run_dir(device: str, layers: int) -> Path:
+def default_run_dir(device: str, layers: int, head_dim: int = QWEN_HEAD_DIM) -> Path:
     stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ")
-    return REPO_ROOT / "runs" / "scratch" / f"smoke-qwen-{device.split(':')[0]}-{layers}l-{stamp}"
+    width = "" if head_dim == QWEN_HEAD_DIM else f"-hd{head_dim}"
+    return REPO_ROOT / "runs" / "scratch" / f"smoke-qwen-{device.split(':')[0]}-{layers}l{width}-{stamp}"
 
 
 REWARDS = ("synthetic", "verifier")
 
 
 def check_arguments(preset: str, random_weights: bool, device: str, layers: int, max_new_tokens: int,
-                    eval_problems: int, rewards: str) -> None:
+                    eval_problems: int, rewards: str, head_dim: int = QWEN_HEAD_DIM) -> None:
     """Refuse (ValueError) what the smoke cannot do, naming the value and the rule."""
     from .sampling import MAX_NEW_TOKENS
 
@@ -1011,7 +1036,7 @@ def check_arguments(preset: str, random_weights: bool, device: str, layers: int,
         raise ValueError(f"--device {device!r}: expected cpu or cuda")
     if device.startswith("cuda") and not torch.cuda.is_available():
         raise ValueError(f"--device {device}: no CUDA device is visible (torch.cuda.is_available() is False)")
-    smoke_model_config(layers)  # refuses a bad layer count
+    smoke_model_config(layers, head_dim)  # refuses a bad layer count or head width
     if not 1 <= max_new_tokens <= MAX_NEW_TOKENS:
         raise ValueError(f"--max-new-tokens {max_new_tokens}: must lie in 1..{MAX_NEW_TOKENS} (the response limit)")
     if eval_problems < 1:
@@ -1021,12 +1046,15 @@ def check_arguments(preset: str, random_weights: bool, device: str, layers: int,
 
 
 def run_smoke(preset: str = "qwen", *, random_weights: bool = True, device: str | None = None, layers: int = 24,
-              run_dir: str | Path | None = None, max_new_tokens: int | None = None, eval_problems: int = 1,
-              rewards: str = "synthetic", progress: bool = True, state_compresslevel: int = 1) -> dict:
+              head_dim: int = QWEN_HEAD_DIM, run_dir: str | Path | None = None, max_new_tokens: int | None = None,
+              eval_problems: int = 1, rewards: str = "synthetic", progress: bool = True,
+              state_compresslevel: int = 1) -> dict:
     """Run every stage once (see the module docstring); returns the report written to `smoke.json`.
 
     device          cpu or cuda (default: cuda when present)
     layers          decoder layers (24: Qwen2.5-0.5B-Instruct; the tests use 2)
+    head_dim        attention head width (64: Qwen2.5-0.5B-Instruct; the tests use 16, a quarter of
+                    the widths at the full vocabulary: see smoke_model_config)
     max_new_tokens  response limit of every sampler call (default: 8 on the CPU, the protocol's 64 on CUDA)
     eval_problems   test problems per population in the two evaluation stages
     rewards         "synthetic": when every group has zero variance (random weights always give that),
@@ -1044,10 +1072,10 @@ def run_smoke(preset: str = "qwen", *, random_weights: bool = True, device: str 
 
     device = device or models.default_device("qwen")
     max_new_tokens = max_new_tokens or (CPU_MAX_NEW_TOKENS if device == "cpu" else get_preset("qwen").max_response_tokens)
-    check_arguments(preset, random_weights, device, layers, max_new_tokens, eval_problems, rewards)
-    run_dir = ensure_not_finished(run_dir or default_run_dir(device, layers))
+    check_arguments(preset, random_weights, device, layers, max_new_tokens, eval_problems, rewards, head_dim)
+    run_dir = ensure_not_finished(run_dir or default_run_dir(device, layers, head_dim))
     models.disable_tf32()  # FP32 means FP32 (the qwen loader does the same)
-    s = Smoke(config=get_preset("qwen"), model_config=smoke_model_config(layers), device=device, run_dir=run_dir,
+    s = Smoke(config=get_preset("qwen"), model_config=smoke_model_config(layers, head_dim), device=device, run_dir=run_dir,
               max_new_tokens=max_new_tokens, eval_problems=eval_problems, rewards=rewards, progress=progress,
               state_compresslevel=state_compresslevel)
     report = {
@@ -1055,6 +1083,7 @@ def run_smoke(preset: str = "qwen", *, random_weights: bool = True, device: str 
         "preset": preset,
         "random_weights": True,
         "layers": layers,
+        "head_dim": head_dim,
         "device": device,
         "max_new_tokens": max_new_tokens,
         "eval_problems_per_population": eval_problems,

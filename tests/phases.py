@@ -32,11 +32,11 @@ PY = str(ROOT / ".venv" / "bin" / "python") if (ROOT / ".venv" / "bin" / "python
 PORTABLE = {"ATEN_CPU_CAPABILITY": "default"}  # PyTorch's portable kernels: they round differently
 LOGS = ROOT / "_build" / "test-logs"
 
-# (name, command, extra environment); phases in one inner list run side by side.  The qwen-size
-# smoke (tests/test_smoke.py, 5.1 GiB at its peak: a 151,936-token embedding, its AdamW moments and
-# full-vocabulary logits) runs beside the book builds only (0.2 GiB), so that the whole run stays
-# under 6 GB, a laptop's budget; it uses two threads (tests/test_smoke.py), the books being short.  The
-# portable-kernel unit pass (two workers, 2.6 GiB) runs beside the two browser checks (1 GiB each).
+# (name, command, extra environment); phases in one inner list run side by side, and the whole run stays
+# under 6 GB, a laptop's budget.  The qwen smoke (tests/test_smoke.py: 2 layers at a quarter of Qwen's
+# width and its full 151,936-token vocabulary, 1.6 GiB) runs beside the short book builds (0.2 GiB) on two
+# threads.  The portable-kernel unit pass (two workers, 2.6 GiB) runs beside the two browser checks
+# (1 GiB each), which need the books.
 SMOKE = "tests/test_smoke.py"
 # The unit passes hand out files in conftest.py's order, slowest first (with --no-loadscope-reorder; xdist
 # would sort them by their number of tests), so that both workers end together (210 -> 178 s).  They do
@@ -54,7 +54,7 @@ GROUPS = [
                f"--ignore={SMOKE}", "tests"], {})],
     [("nbval", [PY, "-m", "pytest", "-q", "--nbval", "--nbval-current-env", "notebooks"], {}),
      ("nbval, portable kernels", [PY, "-m", "pytest", "-q", "--nbval", "--nbval-current-env", "notebooks"], PORTABLE)],
-    [("qwen-size smoke", [PY, "-m", "pytest", "-q", "-p", "no:nbval", SMOKE], {}),
+    [("qwen smoke", [PY, "-m", "pytest", "-q", "-p", "no:nbval", SMOKE], {}),
      ("books", ["sh", "-c", "make --no-print-directory book && make --no-print-directory student-book"], {})],
     # the two books' browser checks (the same checks as `make browser-check`) beside the portable pass
     [("unit, portable kernels", [PY, "-m", "pytest", "-q", "-p", "no:nbval", "-n", "2", "--dist", "loadfile",

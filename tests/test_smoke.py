@@ -1,9 +1,13 @@
-"""The instructor's qwen path at full vocabulary (labkit.smoke with 2 layers), and AdamW's decay at
-the protocol's GRPO rate.
+"""The instructor's qwen path at full vocabulary (labkit.smoke with 2 layers at a quarter of the width),
+and AdamW's decay at the protocol's GRPO rate.
 
-The smoke runs once for the module (about 1.5 minutes on two CPU threads, several GB of memory:
-the state of a 151,936 x 896 embedding and its AdamW moments is 2 GB); every test below reads
-what it measured and checked, and recomputes what it can independently.
+The smoke runs once for the module: Qwen2.5-0.5B-Instruct's architecture with its 151,936-token
+vocabulary, 14 query and 2 key/value heads, 2 decoder layers and heads 16 wide instead of 64 (hidden
+size 224): every stage and every line of code of the full-size smoke, in about 20 s and 1.6 GiB
+instead of 90 s and 5.1 GiB (`make test` must fit a laptop: 8 minutes, 6 GB).  The full-size run,
+`python -m labkit smoke --preset qwen --random-weights --device cpu`, is measured in
+book/instructor.md.  Every test below reads what the smoke measured and checked, and recomputes
+what it can independently.
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ from labkit.sampling import decode_response
 from labkit.schedule import schedule_values
 
 LAYERS = 2
+HEAD_DIM = 16  # hidden 14 x 16 = 224, MLP 76 x 16 = 1,216 (Qwen's 896 and 4,864 at head width 64)
 
 
 @pytest.fixture(scope="module")
@@ -28,13 +33,13 @@ def smoke_run(tmp_path_factory):
     # The protocol's own rewards (random weights earn none, so no update moves a weight): its
     # state's moments are zeros; the default synthetic rewards give dense ones.  The state is
     # stored in gzip's format without compression (level 0): the test checks the save and the
-    # bit-for-bit reload, and gzip at level 1 would spend most of the module's time on 2 GB of weights.
-    # `make test` runs the smoke beside the book builds only (tests/phases.py), so a second core is
-    # mostly idle: two threads take its 108 s to 87 s here.  Its checks hold at any thread count.
+    # bit-for-bit reload, not gzip's speed.  `make test` runs the smoke beside the book builds only
+    # (tests/phases.py), so a second core is mostly idle.  Its checks hold at any thread count.
     threads = torch.get_num_threads()
     torch.set_num_threads(min(2, os.cpu_count() or 1))
     try:
-        report = smoke.run_smoke("qwen", random_weights=True, device="cpu", layers=LAYERS, run_dir=run_dir,
+        report = smoke.run_smoke("qwen", random_weights=True, device="cpu", layers=LAYERS, head_dim=HEAD_DIM,
+                                 run_dir=run_dir,
                                  max_new_tokens=2, rewards="verifier", progress=False, state_compresslevel=0)
     finally:
         torch.set_num_threads(threads)
@@ -62,9 +67,8 @@ def test_every_stage_ran_and_its_table_is_in_the_run_folder(smoke_run):
         smoke.run_smoke("qwen", device="cpu", layers=LAYERS, run_dir=run_dir, progress=False)
 
 
-def test_the_parameter_count_of_two_layers_follows_from_the_config(smoke_run):
-    report, _ = smoke_run
-    c = smoke.smoke_model_config(LAYERS)
+def _unique_parameters(c, layers: int) -> int:
+    """A tied Qwen2 model's unique parameters, from its config."""
     head_dim = c.hidden_size // c.num_attention_heads
     kv = c.num_key_value_heads * head_dim
     per_layer = (c.hidden_size * c.hidden_size + c.hidden_size      # q with bias
@@ -73,13 +77,24 @@ def test_the_parameter_count_of_two_layers_follows_from_the_config(smoke_run):
                  + 3 * c.hidden_size * c.intermediate_size           # gate, up, down
                  + 2 * c.hidden_size)                                # the two RMS norms
     embedding = c.vocab_size * c.hidden_size  # once: the output head is the same matrix
+    return embedding + layers * per_layer + c.hidden_size
+
+
+def test_the_parameter_count_of_two_layers_follows_from_the_config(smoke_run):
+    report, _ = smoke_run
+    c = smoke.smoke_model_config(LAYERS, HEAD_DIM)
+    assert (c.hidden_size, c.intermediate_size, c.num_attention_heads, c.num_key_value_heads, c.vocab_size) == (
+        224, 1216, 14, 2, 151_936)
     built = detail(report, "build")
-    assert built["unique_parameters"] == embedding + LAYERS * per_layer + c.hidden_size == 165_960_320
-    assert embedding + 24 * per_layer + c.hidden_size == models.QWEN_PARAMETERS == 494_032_768
+    assert built["unique_parameters"] == _unique_parameters(c, LAYERS) == 35_899_040
+    # the same formula gives the real model at 24 layers and full width
+    assert _unique_parameters(smoke.smoke_model_config(24), 24) == models.QWEN_PARAMETERS == 494_032_768
     assert built["tied"] and built["dtype"] == "torch.float32" and built["attn_implementation"] == "eager"
-    # the qwen loader's check refuses two layers, for exactly two reasons, both named
-    assert built["check_qwen"] == ("refused as it must be: config.num_hidden_layers is 2, expected 24; "
-                                   "165,960,320 unique trainable parameters, expected 494,032,768")
+    # the qwen loader's check refuses the stand-in for exactly its four differences, each named
+    assert built["check_qwen"] == ("refused as it must be: config.hidden_size is 224, expected 896; "
+                                   "config.intermediate_size is 1216, expected 4864; "
+                                   "config.num_hidden_layers is 2, expected 24; "
+                                   "35,899,040 unique trainable parameters, expected 494,032,768")
     assert detail(report, "load")["tf32_off"] and not torch.backends.cuda.matmul.allow_tf32
 
 
@@ -149,7 +164,7 @@ def test_the_full_state_reloads_bit_for_bit(smoke_run):
     saved, reloaded = detail(report, "state_save"), detail(report, "state_reload")
     # every parameter three times (the weights and AdamW's two moments) and one 4-byte step count per
     # parameter tensor (26 of them: the embedding, 12 per layer, the final norm), the embedding once
-    assert saved["state_tensor_bytes"] == 3 * 4 * 165_960_320 + 4 * (1 + 12 * LAYERS + 1)
+    assert saved["state_tensor_bytes"] == 3 * 4 * 35_899_040 + 4 * (1 + 12 * LAYERS + 1)
     assert saved["raw_bytes"] > saved["state_tensor_bytes"] and saved["compresslevel"] == 0
     assert saved["raw_bytes"] < saved["bytes"] < saved["raw_bytes"] * 1.001  # stored: gzip's headers only
     assert reloaded["source"] == "grpo.Loop.restore of the saved file"
@@ -166,6 +181,7 @@ def test_the_full_state_reloads_bit_for_bit(smoke_run):
     (["smoke", "--preset", "tiny", "--random-weights"], "--preset 'tiny': the smoke builds the qwen architecture"),
     (["smoke"], "--random-weights is required"),
     (["smoke", "--random-weights", "--layers", "0"], "--layers 0: must be at least 1"),
+    (["smoke", "--random-weights", "--head-dim", "15"], "--head-dim 15: must be an even number in 2..64"),
     (["smoke", "--random-weights", "--max-new-tokens", "65"], "--max-new-tokens 65: must lie in 1..64"),
     (["smoke", "--random-weights", "--eval-problems", "0"], "--eval-problems 0: must be at least 1"),
     (["smoke", "--random-weights", "--device", "tpu"], "--device 'tpu': expected cpu or cuda"),
