@@ -532,8 +532,8 @@ def _add_training_commands(sub) -> None:
                    help="the state file's gzip level: 1 as the runs save it, 0 stored uncompressed in the same "
                         "format (faster; the unit test's) (default: %(default)s)")
     p.add_argument("--run-dir", type=Path, default=None,
-                   help="run folder (default: runs/scratch/smoke-qwen-<device>-<layers>l[-hd<head dim>]-<UTC time>); a finished "
-                        "run there is refused")
+                   help="run folder (default: runs/scratch/smoke-qwen-<device>-<layers>l[-hd<head dim>]-<UTC "
+                        "time>); a finished run there is refused")
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's)")
     p.add_argument("--no-progress", action="store_true", help="no progress line per stage")
     p.set_defaults(func=cmd_smoke)

@@ -1075,9 +1075,9 @@ def run_smoke(preset: str = "qwen", *, random_weights: bool = True, device: str 
     check_arguments(preset, random_weights, device, layers, max_new_tokens, eval_problems, rewards, head_dim)
     run_dir = ensure_not_finished(run_dir or default_run_dir(device, layers, head_dim))
     models.disable_tf32()  # FP32 means FP32 (the qwen loader does the same)
-    s = Smoke(config=get_preset("qwen"), model_config=smoke_model_config(layers, head_dim), device=device, run_dir=run_dir,
-              max_new_tokens=max_new_tokens, eval_problems=eval_problems, rewards=rewards, progress=progress,
-              state_compresslevel=state_compresslevel)
+    s = Smoke(config=get_preset("qwen"), model_config=smoke_model_config(layers, head_dim), device=device,
+              run_dir=run_dir, max_new_tokens=max_new_tokens, eval_problems=eval_problems, rewards=rewards,
+              progress=progress, state_compresslevel=state_compresslevel)
     report = {
         "format": SMOKE_FORMAT,
         "preset": preset,

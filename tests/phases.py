@@ -7,6 +7,9 @@ phases run side by side (each group below starts together and the next group wai
 Each phase's output goes to _build/test-logs/<name>.log; a failing phase's last lines are
 printed, and the run stops after the group that failed, exiting with the first failing code.
 
+CPU time: the user and system seconds of the phase's process and of every descendant it waited
+for (os.wait4's usage); a process reaped by another parent, such as a browser's helpers, is missed.
+
 Memory: while a group runs, the proportional set sizes (Pss: resident memory, a page shared by
 several processes counted once between them) of every process under this one are summed every
 0.2 s; a phase's peak is the largest sum seen over its own processes, the group's peak the
@@ -50,15 +53,15 @@ STUDENT_HTML = "_build/student_src/_build/html"  # the Makefile's STUDENT_HTML
 GROUPS = [
     [("prepare", ["make", "--no-print-directory", "setup", "mathjax", "browser"], {})],  # once, before phases share them
     [("unit", [PY, "-m", "pytest", "-q", "-p", "no:nbval", "-n", "2", "--dist", "loadfile", "--no-loadscope-reorder",
-               "--durations=25",
-               f"--ignore={SMOKE}", "tests"], {})],
+               "--durations=25", f"--ignore={SMOKE}", "tests"], {})],
     [("nbval", [PY, "-m", "pytest", "-q", "--nbval", "--nbval-current-env", "notebooks"], {}),
      ("nbval, portable kernels", [PY, "-m", "pytest", "-q", "--nbval", "--nbval-current-env", "notebooks"], PORTABLE)],
     [("qwen smoke", [PY, "-m", "pytest", "-q", "-p", "no:nbval", SMOKE], {}),
      ("books", ["sh", "-c", "make --no-print-directory book && make --no-print-directory student-book"], {})],
     # the two books' browser checks (the same checks as `make browser-check`) beside the portable pass
     [("unit, portable kernels", [PY, "-m", "pytest", "-q", "-p", "no:nbval", "-n", "2", "--dist", "loadfile",
-                                 "--no-loadscope-reorder", "--durations=15", "-m", "portable", *PORTABLE_PATHS], PORTABLE),
+                                 "--no-loadscope-reorder", "--durations=15", "-m", "portable", *PORTABLE_PATHS],
+      PORTABLE),
      ("browser check", [PY, "tests/browser_check.py", "_build/html", "--screenshots", "_build/screenshots"], {}),
      ("browser check, student book",
       ["sh", "-c", f"{PY} tests/browser_check.py {STUDENT_HTML} --screenshots _build/screenshots/student && "
