@@ -17,8 +17,6 @@ lists are in tests/portable.py; its TORCH_FREE_FILES compare stored values witho
 the hooks below check.
 """
 
-from pathlib import Path
-
 import pytest
 import torch
 from portable import PORTABLE_FILES, PORTABLE_TESTS, TORCH_FREE_FILES  # tests/portable.py, also read by phases.py
@@ -27,9 +25,10 @@ from torch.utils._python_dispatch import TorchDispatchMode
 torch.set_num_threads(1)
 
 
-# The slowest files first (seconds on one core, measured 2026-12-02): pytest-xdist's `loadfile` gives a
-# worker the next file when it finishes one, in collection order, so the long ones go out first and
-# the two workers end together (collected in name order, a 36-s file came last: one worker idled ~30 s).
+# The slowest files first (measured 2026-12-02): with --no-loadscope-reorder, pytest-xdist's `loadfile`
+# gives a worker the next file in collection order when it finishes one, so the long ones go out first
+# and the two workers end together (xdist's own order, by number of tests, sent a 36-s file out last and
+# one worker idled ~30 s).
 SLOWEST_FIRST = ("test_fault_injection.py", "test_grpo.py", "test_fault_injection_sft.py", "test_sweep.py",
                  "test_variants.py", "test_shared_prompt.py", "test_pretrain_resume.py", "test_results_page.py",
                  "test_group_size.py", "test_sft.py", "test_corpus.py", "test_bench_grpo.py")
@@ -37,9 +36,9 @@ SLOWEST_FIRST = ("test_fault_injection.py", "test_grpo.py", "test_fault_injectio
 
 def pytest_collection_modifyitems(config, items):
     rank = {name: i for i, name in enumerate(SLOWEST_FIRST)}
-    items.sort(key=lambda item: rank.get(Path(str(item.fspath)).name, len(rank)))  # stable: the rest keep their order
+    items.sort(key=lambda item: rank.get(item.path.name, len(rank)))  # stable: the rest keep their order
     for item in items:
-        name = Path(str(item.fspath)).name
+        name = item.path.name
         if name in PORTABLE_FILES or item.originalname in PORTABLE_TESTS.get(name, ()):
             item.add_marker(pytest.mark.portable)
 
@@ -58,7 +57,7 @@ class _TorchOperations(TorchDispatchMode):
 
 def _torch_free(item, phase: str):
     """Run a TORCH_FREE_FILES test's `phase` under the counter; any operation fails the test, naming it."""
-    if Path(str(item.fspath)).name not in TORCH_FREE_FILES:
+    if item.path.name not in TORCH_FREE_FILES:
         return (yield)
     with _TorchOperations() as counter:
         result = yield
