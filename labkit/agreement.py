@@ -38,7 +38,7 @@ from .config import QWEN
 from .evaluate import eval_seed
 from .runs import REPO_ROOT, RunExistsError, write_json
 
-DRAWS = 4  # samples per problem, as in the evaluation
+DRAWS = QWEN.eval_draws  # samples per problem: the evaluation's (config.eval_draws), not a value of its own
 REPORT_NAME = "sampler_agreement.json"
 INFERENCE_PHASE = "inference"
 # A mismatch whose two tokens' decision scores lie within this of each other (at the

@@ -42,7 +42,7 @@ class Architecture:
 
 @dataclass(frozen=True)
 class PresetConfig:
-    """Every number of the protocol for one preset; PROTOCOL.md gives the reasons."""
+    """Every number of the protocol for one preset; book/protocol.md gives the reasons."""
 
     name: str
     """"qwen" or "tiny"; names the runs' folder, runs/<name>/"""
@@ -118,7 +118,7 @@ class PresetConfig:
     """seeded samples per fixed problem, the same seeds at every checkpoint"""
     # -- seeds -----------------------------------------------------------------------
     seed: int = 1234
-    """the run seed; each generator (data order, prompts, sampling) is seeded apart from it"""
+    """the run seed; each generator (data order, prompts, sampling) is seeded apart from it (SEED_OFFSETS)"""
 
     def fingerprint(self) -> str:
         """Short digest of every field: it names the runs made with this config."""
@@ -148,7 +148,7 @@ QWEN = PresetConfig(name="qwen", qwen_revision="7ae557604adf67be50417f59c2c2f167
 TINY = QWEN.with_overrides(
     name="tiny",
     qwen_revision=None,
-    # About 1M parameters (DESIGN.md); 512 embedding rows for the tokenizer's 494 tokens.
+    # About 1M parameters (book/protocol.md, "Model and sequences"); 512 embedding rows for the tokenizer's 494 tokens.
     architecture=Architecture(vocab_size=512, hidden_size=128, intermediate_size=512, num_hidden_layers=4,
                               num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
                               rope_theta=10000.0, rms_norm_eps=1e-6, tie_word_embeddings=True,
@@ -186,6 +186,23 @@ TINY = QWEN.with_overrides(
 )
 
 PRESETS = {"qwen": QWEN, "tiny": TINY}
+
+# Every random stream of the runs is seeded `config.seed + offset`, each with an offset of its own,
+# so that no two streams are the same; one table, so that a new stream is given an offset apart
+# from all the others.
+SEED_OFFSETS = {
+    "warm_start_data_order": 101,  # labkit.sft: the warm start's permutations of its 128 examples
+    "sft_data_order": 202,  # labkit.sft: the additional SFT's permutations of its 872 examples
+    "grpo_prompt_order": 303,  # labkit.grpo: the permutations of the 872-problem pool
+    "grpo_generation": 404,  # labkit.grpo: the sampling seeds of the rollouts
+    "random_reward": 505,  # labkit.variants: the random-reward control's Bernoulli draws
+    "group_size_validation_draws": 808,  # labkit.group_size: the seeds of its validation draws
+}
+# Streams seeded with a fixed number, not from config.seed (they are not part of a preset's runs).
+FIXED_SEEDS = {
+    "reward_model": 4242,  # labkit.reward_model: the global RNGs before its sampling (each response has its own hashed seed)
+    "tuning_validation_draws": 4242,  # labkit.tuning: the validation draws that compare learning rates
+}
 
 
 def get_preset(name: str) -> PresetConfig:

@@ -1,4 +1,5 @@
-"""Evaluation of the policies, not of their best sample (PROTOCOL.md section 7).
+"""Evaluation of the policies, not of their best sample
+(book/protocol.md, "Evaluation and the group-size exercise").
 
 Two phases, kept apart in code:
 

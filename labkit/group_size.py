@@ -1,4 +1,5 @@
-"""Chapter 8, the group-size exercise: G=2 and G=8 trained from the warm start (PROTOCOL.md section 8).
+"""Chapter 8, the group-size exercise: G=2 and G=8 trained from the warm start
+(book/protocol.md, "Evaluation and the group-size exercise").
 
 In the order of the chapter:
 
@@ -28,7 +29,8 @@ from pathlib import Path
 import torch
 
 from . import grpo, losses
-from .config import PresetConfig, get_preset
+from .losses import zero_signal_fraction
+from .config import SEED_OFFSETS, PresetConfig, get_preset
 from .runs import (REPO_ROOT, RunExistsError, display_path, dumps_json, is_finished, mark_finished, read_json, sha256_bytes,
                    sha256_file, write_json)
 
@@ -38,7 +40,7 @@ RESUME_STOP_AT = 8  # the branches' resume boundary: stop after iteration 8 of 2
 MAIN_POLICIES = ("warm_start", "sft", "grpo")
 MAIN_GROUP_SIZE = 4
 # Seeds of the warm start's validation draws (the p of section 4), apart from every other stream.
-VALIDATION_DRAW_SEED_OFFSET = 808
+VALIDATION_DRAW_SEED_OFFSET = SEED_OFFSETS["group_size_validation_draws"]
 
 
 def runs_root_of(preset: str) -> Path:
@@ -207,22 +209,6 @@ def expected_counts(iterations: int, group_size: int, prompts_per_iteration: int
         "rollouts": iterations * prompts_per_iteration * group_size,
         "groups": iterations * prompts_per_iteration,
     }
-
-
-def zero_signal_fraction(p: float, group_size: int) -> float:
-    """Chance that a group of G independent 0/1 rewards with success rate p is constant.
-
-        P(all right) + P(all wrong) = p^G + (1 - p)^G
-
-    Such a group has advantages exactly 0: no surrogate gradient.  It assumes one p for
-    every prompt; when p varies between prompts the expected fraction is larger (the
-    function is convex in p), so with mixed difficulty this is a lower bound.
-    """
-    if not 0.0 <= p <= 1.0:
-        raise ValueError(f"p is a success rate and must lie in [0, 1], got {p}")
-    if int(group_size) != group_size or group_size < 1:
-        raise ValueError(f"group_size G must be a positive integer, got {group_size}")
-    return p ** group_size + (1.0 - p) ** group_size
 
 
 def grpo_budget_row(run_dir: str | Path, name: str, config: PresetConfig) -> dict:

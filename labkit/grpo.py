@@ -6,7 +6,7 @@
                its log-probs are recorded at sampling time            at sampling, never replaced)
     current    the policy being optimised                            yes
 
-One iteration, in the order of the code below (PROTOCOL.md sections 3-6):
+One iteration, in the order of the code below (book/protocol.md, "GRPO"):
 
     1. take the next 4 prompts of a seeded permutation of the 872-problem pool
     2. sample G responses to each with the old policy (= current before its updates)
@@ -39,11 +39,11 @@ from pathlib import Path
 import torch
 
 from . import checkpoint_curves, data, losses, models, sampling, scoring, shared_prompt, state as state_lib, task
-from .config import PresetConfig, get_preset
+from .config import SEED_OFFSETS, PresetConfig, get_preset
 from .runs import (REPO_ROOT, ArtifactError, RunFolder, UnfinishedRunError, display_path, is_finished, read_json,
                    run_path, same_folder, write_json)
-from .schedule import warmup_linear_decay
-from .variants import Variant
+from .schedule import clipped_step, warmup_linear_decay
+from .variants import Resolved, Variant, resolve
 
 PROTOCOL = Variant()  # the protocol's loop: every switch at its default
 from .runtime import code_digests, data_digests, environment, seed_everything
@@ -51,9 +51,9 @@ from .runtime import deterministic as deterministic_algorithms
 
 # The prompt order and the sampling seeds come from two generators of their own,
 # seeded apart from each other and from the SFT branches.
-PROMPT_ORDER_SEED_OFFSET = 303
-GENERATION_SEED_OFFSET = 404
-REWARD_SEED_OFFSET = 505  # the random-reward control's stream (labkit.variants)
+PROMPT_ORDER_SEED_OFFSET = SEED_OFFSETS["grpo_prompt_order"]
+GENERATION_SEED_OFFSET = SEED_OFFSETS["grpo_generation"]
+REWARD_SEED_OFFSET = SEED_OFFSETS["random_reward"]  # the random-reward control's stream (labkit.variants)
 SEED_RANGE = 2**62
 
 
@@ -193,27 +193,28 @@ def reference_scores(reference, batch: scoring.Batch, score=None) -> tuple[torch
         return (score or plain_scorer(batch))(reference)
 
 
-def kl_penalty(logp_cur: torch.Tensor, logits_cur: torch.Tensor, reference: tuple[torch.Tensor, torch.Tensor],
-               mask: torch.Tensor, group_size: int, config: PresetConfig, variant: Variant) -> tuple[torch.Tensor, dict]:
-    """The KL term the loss optimises (the variant's: exact, k3 or none) and the logged KL figures.
+def objective_loss(logp_cur: torch.Tensor, logits_cur: torch.Tensor, reference: tuple[torch.Tensor, torch.Tensor],
+                   mask: torch.Tensor, old_logprobs: torch.Tensor | None, advantages: torch.Tensor | None,
+                   group_size: int, config: PresetConfig, resolved: Resolved,
+                   reduction: str = "sequence") -> tuple[torch.Tensor, dict]:
+    """Loss = the objective's term + kl_coef x its KL term (both from `resolved`, a looked-up variant).
 
-    The logged `kl` is always the exact per-prefix KL (without gradient when it is not the one
-    optimised), so that runs with different penalties are compared on the same measure."""
-    logp_ref, logits_ref = reference
-    reduce = lambda values: losses.reduce(values, mask, group_size, variant.reduction)  # noqa: E731
-    if variant.kl == "k3":
-        k3 = reduce(losses.kl_estimators(logp_cur, logp_ref)["k3"])
-    else:
-        with torch.no_grad():
-            k3 = reduce(losses.kl_estimators(logp_cur.detach(), logp_ref)["k3"])
-    if variant.kl == "exact":
-        exact = reduce(losses.exact_prefix_kl(logits_cur, logits_ref, block_size=config.kl_block_size))
-        penalty = exact
-    else:
-        with torch.no_grad():
-            exact = reduce(losses.exact_prefix_kl(logits_cur.detach(), logits_ref, block_size=config.kl_block_size))
-        penalty = k3 if variant.kl == "k3" else torch.zeros((), device=logp_cur.device)
-    return penalty, {"kl": float(exact.detach()), "kl_k3": float(k3.detach())}
+    The protocol's term is the clipped surrogate on group advantages, reduced token -> response ->
+    prompt; RFT's and SFT's is the rows' mean negative log-likelihood, all rows one group.  The
+    logged `kl` is always the exact per-prefix KL (`labkit.variants`, the KL table).
+    Shapes as `grpo_loss`'s.  Returns (loss, metrics).
+    """
+    groups = group_size if resolved.objective.grouped else None
+    term, term_stats = resolved.objective.term(logp_cur, old_logprobs, advantages, mask, groups, config.clip_eps,
+                                               reduction)
+    reduce = lambda values: losses.reduce(values, mask, groups, reduction)  # noqa: E731
+    penalty, exact, k3 = resolved.kl_term((logp_cur, logits_cur), reference, reduce, config.kl_block_size)
+    loss = term + config.kl_coef * penalty
+    with torch.no_grad():
+        entropy = reduce(losses.token_entropy(logits_cur.detach()))
+    metrics = {"loss": float(loss.detach()), "surrogate": float(term.detach()), "kl": float(exact.detach()),
+               "kl_k3": float(k3.detach()), "entropy": float(entropy), **term_stats}
+    return loss, metrics
 
 
 def grpo_loss(logp_cur: torch.Tensor, logits_cur: torch.Tensor, reference: tuple[torch.Tensor, torch.Tensor],
@@ -223,71 +224,46 @@ def grpo_loss(logp_cur: torch.Tensor, logits_cur: torch.Tensor, reference: tuple
     variant: the exact prefix KL, the sequence reduction; `labkit.variants` for the others).
 
     logp_cur, logits_cur: (B, R), (B, R, V) of the current policy (with gradients), B = P x G
-                          rows, prompt-major; reference: `reference_scores` of the same batch
+                          rows, prompt-major, R the longest response; reference: `reference_scores`
+                          of the same batch
     mask:                 (B, R) response mask; old_logprobs (B, R) recorded at sampling time;
                           advantages (B,) one per response (both detached)
     Returns (loss, metrics) with the surrogate, the KL and their statistics.
     """
-    surrogate, clip_stats = losses.clipped_surrogate(logp_cur, old_logprobs, advantages, mask,
-                                                     clip_eps=config.clip_eps, group_size=group_size,
-                                                     reduction=variant.reduction)
-    penalty, kl_stats = kl_penalty(logp_cur, logits_cur, reference, mask, group_size, config, variant)
-    loss = surrogate + config.kl_coef * penalty
-    with torch.no_grad():
-        entropy = losses.reduce(losses.token_entropy(logits_cur.detach()), mask, group_size, variant.reduction)
-    metrics = {"loss": float(loss.detach()), "surrogate": float(surrogate.detach()), **kl_stats,
-               "entropy": float(entropy), **clip_stats}
-    return loss, metrics
+    return objective_loss(logp_cur, logits_cur, reference, mask, old_logprobs, advantages, group_size, config,
+                          resolve(variant), variant.reduction)
 
 
-def cross_entropy_loss(logp_cur: torch.Tensor, logits_cur: torch.Tensor, reference: tuple[torch.Tensor, torch.Tensor],
-                       mask: torch.Tensor, config: PresetConfig, variant: Variant) -> tuple[torch.Tensor, dict]:
-    """RFT's and SFT's loss: the mean negative log-likelihood of the rows (+ kl_coef x the variant's
-    KL); no advantage, no ratio, so no clip.  Rows: (B, R) as `grpo_loss`'s, one group of all."""
-    nll = losses.reduce(-logp_cur, mask, None, variant.reduction)
-    penalty, kl_stats = kl_penalty(logp_cur, logits_cur, reference, mask, None, config, variant)
-    loss = nll + config.kl_coef * penalty
-    with torch.no_grad():
-        entropy = losses.reduce(losses.token_entropy(logits_cur.detach()), mask, None, variant.reduction)
-    return loss, {"loss": float(loss.detach()), "surrogate": float(nll.detach()), **kl_stats,
-                  "entropy": float(entropy), "clip_ratio/low_mean": 0.0, "clip_ratio/high_mean": 0.0,
-                  "clip_ratio/region_mean": 0.0}
+def grpo_update(model, optimizer, batch: scoring.Batch, old_logprobs: torch.Tensor | None,
+                advantages: torch.Tensor | None, reference: tuple[torch.Tensor, torch.Tensor], lr: float, *,
+                group_size: int, config: PresetConfig, before_step=None, variant: Variant = PROTOCOL,
+                score=None) -> dict:
+    """One AdamW update of the variant's loss (`objective_loss`) at learning rate `lr`, gradient norm
+    clipped (`schedule.clipped_step`); returns its metrics.
 
-
-def grpo_update(model, optimizer, batch: scoring.Batch, old_logprobs: torch.Tensor, advantages: torch.Tensor,
-                reference: tuple[torch.Tensor, torch.Tensor], lr: float, *, group_size: int, config: PresetConfig,
-                before_step=None, variant: Variant = PROTOCOL, score=None) -> dict:
-    """One AdamW update of `grpo_loss` at learning rate `lr`, gradient norm clipped; returns its metrics.
-
-    One forward of the current policy (`score`: a scorer of the batch, default `plain_scorer`).  `before_step(logp_cur)` (detached, (B, R)) runs after it
-    and before anything changes the weights: the loop passes the pre-update check there, so the
-    check costs no forward of its own.
+    One forward of the current policy (`score`: a scorer of the batch, default `plain_scorer`).
+    `before_step(logp_cur)` (detached, (B, R)) runs after it and before anything changes the
+    weights: the loop passes the pre-update check there, so the check costs no forward of its own.
     """
     device = next(model.parameters()).device
-    parameters = [p for group in optimizer.param_groups for p in group["params"]]
-    for group in optimizer.param_groups:
-        group["lr"] = lr
     optimizer.zero_grad(set_to_none=True)
     logp_cur, logits_cur = (score or plain_scorer(batch))(model)  # (B, R), (B, R, V)
     if before_step is not None:
         before_step(logp_cur.detach())
     mask = batch.response_mask.to(device)
-    if variant.objective == "grpo":
-        loss, metrics = grpo_loss(logp_cur, logits_cur, reference, mask, old_logprobs.to(device),
-                                  advantages.to(device), group_size, config, variant)
-    else:  # rft, sft: the batch holds the rows to imitate
-        loss, metrics = cross_entropy_loss(logp_cur, logits_cur, reference, mask, config, variant)
-    loss.backward()
-    grad_norm = float(torch.nn.utils.clip_grad_norm_(parameters, config.grad_clip))
-    optimizer.step()
+    to_device = lambda t: None if t is None else t.to(device)  # noqa: E731  (RFT and SFT have neither)
+    loss, metrics = objective_loss(logp_cur, logits_cur, reference, mask, to_device(old_logprobs),
+                                   to_device(advantages), group_size, config, resolve(variant), variant.reduction)
+    grad_norm = clipped_step(optimizer, loss, lr, config.grad_clip)
     return {**metrics, "grad_norm": grad_norm, "learning_rate": lr}
 
 
-# -- 4. The run ----------------------------------------------------------------------------------
+# -- 4. The loop's state and its start ----------------------------------------------------------
 
 
 def default_run_dir(preset: str, group_size: int) -> Path:
-    name = "grpo" if group_size == 4 else f"grpo_g{group_size}"
+    """runs/<preset>/grpo for the preset's own group size, runs/<preset>/grpo_g<G> for another."""
+    name = "grpo" if group_size == get_preset(preset).group_size else f"grpo_g{group_size}"
     return REPO_ROOT / "runs" / preset / name
 
 
@@ -346,10 +322,14 @@ class Loop:
     updates_per_iteration: int = 2
     shared_prompts: bool = False  # score each prompt once per group in the updates (labkit.shared_prompt)
     reward_generator: torch.Generator | None = None  # the random-reward control's own stream
-    learned_verifier: object | None = None  # the proxy of reward "learned" (labkit.reward_model)
+    learned_verifier: object | None = None  # the proxy of reward "learned" (labkit.reward_model), passed in
     history: list[dict] = field(default_factory=list)
     consumed: list[str] = field(default_factory=list)
     next_update: int = 0
+    resolved: Resolved = field(init=False)  # the variant looked up in labkit.variants' tables, once
+
+    def __post_init__(self):
+        self.resolved = resolve(self.variant)
 
     @property
     def generators(self) -> dict[str, torch.Generator]:
@@ -379,10 +359,10 @@ class Loop:
         return plain["progress"]["iteration"], evidence
 
 
-def start_loop(config: PresetConfig, G: int, total_iterations: int, start_file: Path, sampler: str,
-               device: str, variant: Variant = PROTOCOL, shared_prompts: bool = False) -> Loop:
-    """Stage 0: the three roles (policy and reference are two loads of one file), AdamW, the pool."""
-    seed_everything(config.seed)
+def load_roles(config: PresetConfig, start_file: Path, device: str) -> tuple[torch.nn.Module, torch.nn.Module,
+                                                                              object, str]:
+    """The policy and the frozen reference, two loads of one file (eval mode, digests compared);
+    returns (policy, reference, tokenizer, their digest)."""
     model, tokenizer = models.load(config.name, state=start_file, device=device)
     reference, _ = models.load(config.name, state=start_file, device=device)
     reference.requires_grad_(False)
@@ -391,94 +371,152 @@ def start_loop(config: PresetConfig, G: int, total_iterations: int, start_file: 
     start_digest, reference_digest = models.parameter_digest(model), models.parameter_digest(reference)
     if start_digest != reference_digest:
         raise RuntimeError(f"policy {start_digest} and reference {reference_digest} differ after loading one file")
+    return model, reference, tokenizer, start_digest
+
+
+def new_loop(config: PresetConfig, G: int, total_iterations: int, model, reference, tokenizer, start_digest: str, *,
+             start_label: str, sampler: str, device: str, variant: Variant = PROTOCOL, shared_prompts: bool = False,
+             learned_verifier=None, extra_identity: dict | None = None) -> Loop:
+    """Stage 0 after the two loads: AdamW, the pool and its prompts, the seeded streams, the identity.
+
+    learned_verifier: the proxy a variant with reward "learned" optimises (a
+    `labkit.reward_model.LearnedVerifier`, loaded and checked by the caller); None for any other."""
+    resolved = resolve(variant)
+    if resolved.reward.needs_learned_verifier != (learned_verifier is not None):
+        raise ValueError(f"variant reward {variant.reward!r} " + (
+            "needs the learned verifier: pass learned_verifier=reward_model.load_verifier(preset)"
+            if learned_verifier is None else "takes no learned verifier (only reward 'learned' does)"))
     optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=config.grpo_lr,
                                   weight_decay=config.grpo_weight_decay)
     pool = load_pool()
     identity = {
         "preset": config.name, "config_fingerprint": config.fingerprint(), "group_size": G,
         "iterations": total_iterations, "sampler": sampler, "device": device,
-        "torch_threads": torch.get_num_threads(),
-        "start_file": str(start_file.relative_to(REPO_ROOT)) if start_file.is_relative_to(REPO_ROOT) else str(start_file),
+        "torch_threads": torch.get_num_threads(), "start_file": start_label,
         "start_digest": start_digest, "pool_ids": [r["id"] for r in pool],
-        # a variant's switches make another run; the protocol's identity stays as it was
-        **({} if variant.is_protocol else {"variant": variant.to_dict()}),
+        **resolved.identity,  # a variant's switches make another run; the protocol's identity stays as it was
         **({"scoring": "shared_prompt"} if shared_prompts else {}),  # the plain path stays unnamed
+        **({"reward_model_sha256": learned_verifier.file_sha256} if learned_verifier is not None else {}),
+        **(extra_identity or {}),
     }
-    learned = None
-    if variant.reward == "learned":  # the proxy and its judge, each checked against its recorded digest
-        from . import reward_model
-
-        learned = reward_model.load_verifier(config.name, device=device)
-        identity["reward_model_sha256"] = learned.file_sha256
     updates = variant.updates_per_iteration or config.updates_per_iteration
     return Loop(config=config, G=G, model=model, reference=reference, tokenizer=tokenizer, optimizer=optimizer,
                 pool=pool, prompts={r["id"]: scoring.build_prompt_ids(tokenizer, r["statement"], config.max_prompt_tokens)
                                     for r in pool},
                 order=PromptOrder(len(pool), config.seed + PROMPT_ORDER_SEED_OFFSET),
                 generation=torch.Generator().manual_seed(config.seed + GENERATION_SEED_OFFSET), identity=identity,
-                total_updates=total_iterations * updates, reference_digest=reference_digest, variant=variant,
+                total_updates=total_iterations * updates, reference_digest=start_digest, variant=variant,
                 updates_per_iteration=updates, shared_prompts=shared_prompts,
                 reward_generator=(torch.Generator().manual_seed(config.seed + REWARD_SEED_OFFSET)
-                                  if variant.reward == "random" else None),
-                learned_verifier=learned)
+                                  if resolved.reward.needs_generator else None),
+                learned_verifier=learned_verifier)
+
+
+def start_loop(config: PresetConfig, G: int, total_iterations: int, start_file: Path, sampler: str,
+               device: str, variant: Variant = PROTOCOL, shared_prompts: bool = False,
+               learned_verifier=None) -> Loop:
+    """Stage 0: the three roles (policy and reference are two loads of one file), AdamW, the pool."""
+    seed_everything(config.seed)
+    model, reference, tokenizer, start_digest = load_roles(config, start_file, device)
+    label = str(start_file.relative_to(REPO_ROOT)) if start_file.is_relative_to(REPO_ROOT) else str(start_file)
+    return new_loop(config, G, total_iterations, model, reference, tokenizer, start_digest, start_label=label,
+                    sampler=sampler, device=device, variant=variant, shared_prompts=shared_prompts,
+                    learned_verifier=learned_verifier)
+
+
+# -- 5. One iteration: sampling (stages 1-3), updating (4-5), the record (6) --------------------
+
+
+@dataclass
+class Sampled:
+    """An iteration's draw: its prompts, their verified groups and what the updates optimise."""
+
+    chosen: list[dict]
+    """the P pool problems (labels included)"""
+    groups: list[sampling.Group]
+    """P groups of G rollouts, prompt-major, each verified"""
+    optimised: torch.Tensor
+    """(P, G) float32: the rewards the loop optimises (the verifier's, or the variant's)"""
+    advantages: torch.Tensor
+    """(P x G,) float64: the group advantages of `optimised`"""
+    seconds: float
+    """the sampling call's wall time"""
+
+    @property
+    def rollouts(self) -> list[sampling.Rollout]:
+        return [r for g in self.groups for r in g.rollouts]
+
+    @property
+    def verdicts(self) -> list:
+        return [v for g in self.groups for v in g.verdicts]
 
 
 def optimised_rewards(groups: list[sampling.Group], loop: Loop) -> torch.Tensor:
-    """(P, G) float32: the rewards the loop optimises.  The verifier's (the protocol), the
-    variant's control (random, format-only) or the learned proxy, minus its length penalty."""
-    variant = loop.variant
-    if variant.reward == "verifier":
-        rewards = torch.tensor([g.rewards for g in groups])
-    elif variant.reward == "format":
-        rewards = torch.tensor([[float(v.valid) for v in g.verdicts] for g in groups])
-    elif variant.reward == "learned":  # the proxy's yes/no; the verifier's reward is still logged beside it
-        proxy, _ = loop.learned_verifier.rewards([r.prompt_ids for g in groups for r in g.rollouts],
-                                                 [r.response_ids for g in groups for r in g.rollouts])
-        rewards = proxy.reshape(len(groups), -1)
-    else:  # random: independent of the response, from the control's own seeded stream
-        shape = (len(groups), len(groups[0].rollouts))
-        rewards = (torch.rand(shape, generator=loop.reward_generator) < variant.random_reward_p).float()
-    if variant.length_penalty:
-        lengths = torch.tensor([[len(r.response_ids) for r in g.rollouts] for g in groups], dtype=torch.float32)
-        rewards = rewards - variant.length_penalty * lengths / loop.config.max_response_tokens
-    return rewards
+    """(P, G) float32: the rewards the loop optimises (the variant's entry of `variants.REWARD_TABLE`),
+    minus the variant's length penalty (none for the protocol)."""
+    return loop.resolved.optimised_reward(groups, loop)
 
 
-def imitation_rows(loop: Loop, chosen: list[dict], rollouts: list[sampling.Rollout],
-                   optimised: torch.Tensor) -> tuple[list[list[int]], list[list[int]]]:
-    """(prompts, responses) that RFT or SFT imitates: RFT the iteration's own responses whose
-    optimised reward is 1 (possibly none), SFT the solver's target for each chosen prompt."""
-    if loop.variant.objective == "rft":
-        keep = [i for i, value in enumerate(optimised.reshape(-1).tolist()) if value >= 1.0]
-        return [rollouts[i].prompt_ids for i in keep], [rollouts[i].response_ids for i in keep]
-    return ([loop.prompts[p["id"]] for p in chosen],
-            [scoring.target_response_ids(loop.tokenizer, p["target"]) for p in chosen])
+def sample_iteration(loop: Loop, iteration: int, sampler: str, chosen: list[dict] | None = None,
+                     seeds: list[int] | None = None) -> Sampled:
+    """Stages 1-3: the next P prompts, G responses each by the old policy (= the current one now),
+    verified; the optimised rewards and their group advantages.
 
-
-def run_iteration(loop: Loop, iteration: int, sampler: str) -> tuple[dict, list[dict], dict]:
-    """One iteration (stages 1-6 of the module docstring); returns (its log record, rows, timings)."""
-    config, G, P = loop.config, loop.G, loop.config.prompts_per_iteration
-    t_iteration = time.perf_counter()
-    # Stage 1: the next P prompts of the pool's permutation.
-    chosen = [loop.pool[i] for i in loop.order.take(P)]
-    # Stage 2-3: G responses each by the old policy (= the current one now), verified.
+    chosen, seeds: the prompts and the P x G sampling seeds, when already drawn (`draw_prompts`)."""
+    config, G = loop.config, loop.G
+    if chosen is None:
+        chosen, seeds = draw_prompts(loop)
     t0 = time.perf_counter()
-    seeds = torch.randint(0, SEED_RANGE, (P * G,), generator=loop.generation).tolist()
     groups = sample_groups(loop.model, loop.tokenizer, chosen, loop.prompts, seeds, G, iteration, sampler,
                            config.max_response_tokens)
-    t_generation = time.perf_counter() - t0
-    rollouts = [r for g in groups for r in g.rollouts]
-    verdicts = [v for g in groups for v in g.verdicts]
-    optimised = optimised_rewards(groups, loop)  # (P, G): the verifier's, or the variant's
+    seconds = time.perf_counter() - t0
+    optimised = optimised_rewards(groups, loop)  # (P, G)
     advantages = losses.group_advantages(optimised, eps=config.advantage_eps,
                                          scale_by_std=loop.variant.scale_by_std).reshape(-1)  # (P x G,)
-    repeated = set(loop.consumed).intersection(r.rollout_id for r in rollouts)
+    sampled = Sampled(chosen=chosen, groups=groups, optimised=optimised, advantages=advantages, seconds=seconds)
+    repeated = set(loop.consumed).intersection(r.rollout_id for r in sampled.rollouts)
     if repeated:
         raise RuntimeError(f"rollouts {sorted(repeated)} were already optimised; a rollout is used once")
+    return sampled
 
-    # Stage 4-5: one batch, one reference forward, two updates; the pre-update check on the
-    # first update's own forward, before its step.
-    t0 = time.perf_counter()
+
+def draw_prompts(loop: Loop) -> tuple[list[dict], list[int]]:
+    """Stage 1: the next P problems of the pool's permutation and the P x G sampling seeds."""
+    P, G = loop.config.prompts_per_iteration, loop.G
+    chosen = [loop.pool[i] for i in loop.order.take(P)]
+    seeds = torch.randint(0, SEED_RANGE, (P * G,), generator=loop.generation).tolist()
+    return chosen, seeds
+
+
+# The rows each objective learns from (`variants.OBJECTIVE_TABLE`'s `rows`): (prompts, responses).
+def rollout_rows(loop: Loop, s: Sampled) -> tuple[list[list[int]], list[list[int]]]:
+    """GRPO: the iteration's own rollouts, with their advantages."""
+    return [r.prompt_ids for r in s.rollouts], [r.response_ids for r in s.rollouts]
+
+
+def own_correct_rows(loop: Loop, s: Sampled) -> tuple[list[list[int]], list[list[int]]]:
+    """RFT: the iteration's responses whose optimised reward is 1 (possibly none)."""
+    rollouts = s.rollouts
+    keep = [i for i, value in enumerate(s.optimised.reshape(-1).tolist()) if value >= 1.0]
+    return [rollouts[i].prompt_ids for i in keep], [rollouts[i].response_ids for i in keep]
+
+
+def solver_target_rows(loop: Loop, s: Sampled) -> tuple[list[list[int]], list[list[int]]]:
+    """SFT: the solver's target for each chosen prompt."""
+    return ([loop.prompts[p["id"]] for p in s.chosen],
+            [scoring.target_response_ids(loop.tokenizer, p["target"]) for p in s.chosen])
+
+
+LEARNING_ROWS = {"rollouts": rollout_rows, "own_correct": own_correct_rows, "solver_targets": solver_target_rows}
+
+
+def update_iteration(loop: Loop, s: Sampled) -> tuple[list[dict], dict]:
+    """Stages 4-5: one batch, one reference forward, the updates (two in the protocol); the
+    pre-update check rides on the first update's own forward, before its step, when the rows
+    are the rollouts themselves (else it takes a forward of its own).  Returns (the updates'
+    metrics, the check's figures); marks the rollouts as used."""
+    config, G = loop.config, loop.G
+    rollouts = s.rollouts
     check = {}
 
     def pre_update_check(logp_cur: torch.Tensor) -> None:
@@ -486,43 +524,44 @@ def run_iteration(loop: Loop, iteration: int, sampler: str) -> tuple[dict, list[
         check.update(sampling.compare_with_recorded(logp_cur, rollouts, tol=config.logprob_check_tol))
         check["seconds"] = time.perf_counter() - t  # the comparison only: the forward is the update's
 
-    if loop.variant.objective == "grpo":
-        prompts, responses, first_hook = [r.prompt_ids for r in rollouts], [r.response_ids for r in rollouts], pre_update_check
-    else:  # rft, sft: the rows to imitate; the check then needs a forward of its own
+    on_rollouts = loop.resolved.objective.rows == "rollouts"
+    if not on_rollouts:
         pre_update_check(scoring.response_logprobs(loop.model, scoring.make_batch(
             [r.prompt_ids for r in rollouts], [r.response_ids for r in rollouts], pad_id=0))[0])
-        prompts, responses = imitation_rows(loop, chosen, rollouts, optimised)
-        first_hook = None
+    prompts, responses = LEARNING_ROWS[loop.resolved.objective.rows](loop, s)
     updates = []
     if prompts:
         batch = scoring.make_batch(prompts, responses, pad_id=loop.tokenizer.pad_token_id)
-        old = padded([r.old_logprobs for r in rollouts], batch.response_mask.shape[1]) \
-            if loop.variant.objective == "grpo" else None
+        old = padded([r.old_logprobs for r in rollouts], batch.response_mask.shape[1]) if on_rollouts else None
         score = (shared_prompt_scorer(prompts, responses, G, loop.tokenizer.pad_token_id)
-                 if loop.shared_prompts and loop.variant.objective == "grpo" else plain_scorer(batch))
+                 if loop.shared_prompts and on_rollouts else plain_scorer(batch))
         reference = reference_scores(loop.reference, batch, score)
         for k in range(loop.updates_per_iteration):
             lr = warmup_linear_decay(loop.next_update, loop.total_updates, config.grpo_lr, config.warmup_fraction,
                                      config.final_lr_fraction)
-            updates.append(grpo_update(loop.model, loop.optimizer, batch, old, advantages, reference, lr,
-                                       group_size=G, config=config, before_step=first_hook if k == 0 else None,
+            updates.append(grpo_update(loop.model, loop.optimizer, batch, old, s.advantages, reference, lr,
+                                       group_size=G, config=config,
+                                       before_step=pre_update_check if k == 0 and on_rollouts else None,
                                        variant=loop.variant, score=score))
             loop.next_update += 1
     else:  # RFT with no correct response this iteration: nothing to learn from, no update
         loop.next_update += loop.updates_per_iteration
-    t_optimisation = time.perf_counter() - t0
     loop.consumed += [r.rollout_id for r in rollouts]
+    return updates, check
 
-    # Stage 6: the log record and the rows to keep.
-    flat_optimised = optimised.reshape(-1)
-    rows = [{**rollout_record(r, iteration + 1, verdicts[i], float(advantages[i])),
-             "optimised_reward": float(flat_optimised[i])} for i, r in enumerate(rollouts)]
+
+def record_iteration(loop: Loop, iteration: int, s: Sampled, updates: list[dict], check: dict) -> tuple[dict, list[dict]]:
+    """Stage 6: the iteration's log record (appended to the loop's history) and its rollout rows."""
+    verdicts = s.verdicts
+    flat_optimised = s.optimised.reshape(-1)
+    rows = [{**rollout_record(r, iteration + 1, verdicts[i], float(s.advantages[i])),
+             "optimised_reward": float(flat_optimised[i])} for i, r in enumerate(s.rollouts)]
     record = {
         "iteration": iteration + 1,
-        "problem_ids": [p["id"] for p in chosen],
-        **iteration_metrics(rows, [v.valid for v in verdicts], G),
-        "optimised_reward": float(optimised.mean()),
-        "optimised/frac_reward_zero_std": float(losses.zero_variance_groups(optimised).float().mean()),
+        "problem_ids": [p["id"] for p in s.chosen],
+        **iteration_metrics(rows, [v.valid for v in verdicts], loop.G),
+        "optimised_reward": float(s.optimised.mean()),
+        "optimised/frac_reward_zero_std": float(losses.zero_variance_groups(s.optimised).float().mean()),
         "logprob_check/max_abs_diff": check["max_abs_diff"],
         "updates": updates,
         # the figures trainers log, from the last update of the iteration (None: no update ran)
@@ -531,9 +570,23 @@ def run_iteration(loop: Loop, iteration: int, sampler: str) -> tuple[dict, list[
                      "clip_ratio/region_mean")},
     }
     loop.history.append(record)
-    timings = {"iteration": iteration + 1, "generation": t_generation, "logprob_check": check["seconds"],
+    return record, rows
+
+
+def run_iteration(loop: Loop, iteration: int, sampler: str) -> tuple[dict, list[dict], dict]:
+    """One iteration (stages 1-6 of the module docstring); returns (its log record, rows, timings)."""
+    t_iteration = time.perf_counter()
+    sampled = sample_iteration(loop, iteration, sampler)
+    t0 = time.perf_counter()
+    updates, check = update_iteration(loop, sampled)
+    t_optimisation = time.perf_counter() - t0
+    record, rows = record_iteration(loop, iteration, sampled, updates, check)
+    timings = {"iteration": iteration + 1, "generation": sampled.seconds, "logprob_check": check["seconds"],
                "optimisation": t_optimisation - check["seconds"], "iteration_total": time.perf_counter() - t_iteration}
     return record, rows, timings
+
+
+# -- 6. The run: options, folder, iterations, finish ---------------------------------------------
 
 
 def _check_options(config: PresetConfig, G: int, total_iterations: int, stop_after, save_states_at) -> int:
@@ -637,6 +690,7 @@ def run_grpo(
     progress: bool = True,
     variant: Variant = PROTOCOL,
     shared_prompts: bool = False,
+    learned_verifier=None,
 ) -> dict:
     """Run GRPO into `run_dir`; returns the manifest (or, when stopped early, a summary).
 
@@ -652,6 +706,8 @@ def run_grpo(
     sampler         "reference" (the protocol's, no KV cache) or "fast" (recorded in the manifest)
     start_file      the warm-start safetensors (default: runs/<preset>/warm_start/model.safetensors)
     variant         the loop's switches (`labkit.variants`; default: the protocol's)
+    learned_verifier  the proxy a variant with reward "learned" optimises
+                    (`labkit.reward_model.load_verifier`); None for every other variant
     shared_prompts  score each prompt once per group in the reference forward and the updates
                     (`labkit.shared_prompt`: equal within float32 rounding, about 3.5x faster at G=8);
                     the protocol's run keeps the plain path, as it keeps the reference sampler
@@ -681,7 +737,7 @@ def run_grpo(
         data.check_path_access("learning", start_file)
         began = time.perf_counter()
         loop = start_loop(config, G, total_iterations, start_file, sampler,
-                          device or models.default_device(config.name), variant, shared_prompts)
+                          device or models.default_device(config.name), variant, shared_prompts, learned_verifier)
         first_iteration, first_in_folder = _prepare_folder(folder, loop, resume_from, restart or overwrite,
                                                            stop_after)
         state_files = _iterate(folder, loop, first_iteration, end_iteration, save_states_at, sampler, progress,
@@ -895,7 +951,7 @@ def read_timings(run_dir: str | Path) -> list[dict]:
     return RunFolder(run_dir).read_part(TIMINGS_PART)
 
 
-# -- 4. Exact resume: stop, resume in a fresh process, compare with the continuous run --------
+# -- 7. Exact resume: stop, resume in a fresh process, compare with the continuous run --------
 
 
 def resume_check(

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 import matplotlib.pyplot as plt
 
 from . import plots
-from .group_size import zero_signal_fraction  # p^G + (1-p)^G
+from .losses import zero_signal_fraction  # p^G + (1-p)^G
 
 KNOBS_ENV = "LABKIT_KNOBS"
 

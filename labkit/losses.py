@@ -46,6 +46,22 @@ def zero_variance_groups(rewards: torch.Tensor) -> torch.Tensor:
     return (rewards == rewards[:, :1]).all(dim=1)
 
 
+def zero_signal_fraction(p: float, group_size: int) -> float:
+    """Chance that a group of G independent 0/1 rewards with success rate p is constant.
+
+        P(all right) + P(all wrong) = p^G + (1 - p)^G
+
+    Such a group has advantages exactly 0: no surrogate gradient.  It assumes one p for
+    every prompt; when p varies between prompts the expected fraction is larger (the
+    function is convex in p), so with mixed difficulty this is a lower bound.
+    """
+    if not 0.0 <= p <= 1.0:
+        raise ValueError(f"p is a success rate and must lie in [0, 1], got {p}")
+    if int(group_size) != group_size or group_size < 1:
+        raise ValueError(f"group_size G must be a positive integer, got {group_size}")
+    return p ** group_size + (1.0 - p) ** group_size
+
+
 def group_advantages(rewards: torch.Tensor, eps: float = 1e-8, scale_by_std: bool = True) -> torch.Tensor:
     """Group-relative advantages, one per response.
 

@@ -5,7 +5,8 @@ Names follow the trainers' where one exists (TRL's GRPO logs: `reward`, `reward_
 `clip_ratio/*`); a namespace (`completions/`, `clip_ratio/`, `ratio/`, `logprob_check/`) groups
 the figures of one thing.  The same quantity has the same name everywhere: `valid_json`,
 `success_rate` and `without_eos` mean the same in an SFT validation, a GRPO iteration and the
-evaluation.  tests/test_metrics.py checks that every key the lab writes is documented here.
+evaluation.  tests/test_metrics.py checks that every key the lab writes is documented here: GRPO,
+SFT, the evaluation, the base's two pretraining phases, the format base and the learned verifier.
 """
 
 from __future__ import annotations
@@ -152,10 +153,77 @@ EVALUATION = {
                                "(= pass@4); an inflated number when reported as pass@1",
 }
 
+# The tiny base's pretraining, corpus phase (runs/tiny/base/corpus_log.jsonl; labkit.pretrain).  Its
+# names are frozen with the committed base: renaming one is a change of pretrain.py, so a
+# re-pretraining; `lr` is what the other logs call learning_rate, `elapsed_s` a time in seconds.
+PRETRAIN_CORPUS_LOG = {
+    "step": "updates done (0: before the first)",
+    "lr": "the cosine schedule's rate of the last update (learning_rate elsewhere)",
+    "loss": "mean next-token cross-entropy over the last log_every updates",
+    "grad_norm": "gradient norm before clipping, of the last update",
+    "tokens": "trained tokens so far (drawn operands excluded)",
+    "elapsed_s": "seconds since the phase began",
+    "heldout_loss": "cross-entropy on the held-out stream of the corpus (never trained on)",
+    "answer_accuracy": "share of held-out direct answers whose digits are all right, teacher-forced",
+}
+
+# The tiny base's pretraining, answer phase (runs/tiny/base/log.jsonl; labkit.answer_phase): a
+# "train" row every log_every updates and an "eval" row every eval_every.  Frozen as above.
+PRETRAIN_ANSWER_LOG = {
+    "kind": "'train' or 'eval'",
+    "step": "answer-phase updates done (0: its start, after the corpus phase)",
+    "lr": "the cosine schedule's rate of the last update (learning_rate elsewhere)",
+    "loss": "mean cross-entropy on the answers over the last log_every updates",
+    "minutes": "minutes since the pretraining (both phases) began",
+    "exact": "share of held-out probe statements whose greedy answer digits are all right, teacher-forced",
+    "digits": "per answer digit position (labkit.answer_phase.digit_accuracy): share of probe answers right there",
+}
+
+# The format base's continued pretraining (runs/tiny/format_base/log.json; labkit.format_base): a
+# "train" row every log_every updates and a "measure" row every measure_every.
+FORMAT_BASE_LOG = {
+    "kind": "'train' or 'measure'",
+    "step": "updates done (0: before the first)",
+    "loss": "mean cross-entropy over the last log_every updates",
+    "lab_format_documents": "documents in the lab's exact format seen so far",
+    "valid": "share of the measured temperature-1 answers that are schema-valid (valid_json elsewhere)",
+    "correct": "share of the measured answers with reward 1 (success_rate elsewhere)",
+    "responses": "answers measured (validation problems x measure_draws)",
+}
+
+# The learned verifier's fit (runs/<preset>/reward_model/history.json; labkit.reward_model), one row
+# per Newton step.
+REWARD_MODEL_FIT = {
+    "step": "1-based Newton step",
+    "loss": "penalised logistic loss after the step",
+    "step_norm": "norm of the step H^-1 g (the fit stops below 1e-12)",
+    "grad_norm": "norm of the loss's gradient before the step",
+}
+
+# One labelled response of the learned verifier (runs/<preset>/reward_model/samples.jsonl.gz).
+REWARD_MODEL_SAMPLE = {
+    "policy": "the policy that wrote the response ('warm_start' or 'sft')",
+    "problem_id": "the train problem answered",
+    "draw": "0-based draw of the problem",
+    "seed": "the response's own sampling seed",
+    "response_ids": "generated token ids, EOS included when emitted",
+    "text": "decoded response (EOS removed)",
+    "finish_reason": "'eos' or 'length'",
+    "label": "the verifier's reward: what the proxy learns to predict",
+    "reason": "verifier reason when the label is 0, else None",
+    "held_out": "True for a held-out problem (precision and recall are measured on those)",
+    "features": "the judge's features of the response (labkit.reward_model.FEATURES)",
+    "p_correct": "the fitted proxy's probability that the response is correct",
+    "proxy": "the proxy's yes/no: p_correct >= threshold",
+}
+
 ALL = {"grpo_iteration": GRPO_ITERATION, "grpo_update": GRPO_UPDATE, "grpo_timings": GRPO_TIMINGS,
        "grpo_checkpoint": GRPO_CHECKPOINT,
        "rollout_row": ROLLOUT_ROW, "sft_update": SFT_UPDATE, "sft_validation": SFT_VALIDATION,
-       "greedy_validation": GREEDY_VALIDATION, "evaluation": EVALUATION}
+       "greedy_validation": GREEDY_VALIDATION, "evaluation": EVALUATION,
+       "pretrain_corpus_log": PRETRAIN_CORPUS_LOG, "pretrain_answer_log": PRETRAIN_ANSWER_LOG,
+       "format_base_log": FORMAT_BASE_LOG, "reward_model_fit": REWARD_MODEL_FIT,
+       "reward_model_sample": REWARD_MODEL_SAMPLE}
 
 
 def undocumented(keys, table: dict) -> list[str]:

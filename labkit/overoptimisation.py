@@ -432,12 +432,10 @@ def run_setting(setting: Setting, preset: str = "tiny", progress: bool = False, 
     if not folder.is_finished():
         folder = folder.open_for_writing(False)
         try:
+            proxy = load_proxy(setting.proxy, preset)  # the proxy this run optimises (reward "learned")
             loop = grpo.start_loop(config, config.group_size, setting.iterations, grpo.warm_start_file(preset),
-                                   "fast", "cpu", variant, shared_prompts=True)
-            proxy = load_proxy(setting.proxy, preset)
-            # the loop loaded the learned verifier of reward "learned"; this run optimises the proxy instead
-            loop.learned_verifier = proxy
-            loop.identity.update(reward_model_sha256=proxy.file_sha256, proxy=setting.proxy)
+                                   "fast", "cpu", variant, shared_prompts=True, learned_verifier=proxy)
+            loop.identity.update(proxy=setting.proxy)
             resume_from = grpo.newest_state(folder)
             first, first_in_folder = grpo._prepare_folder(folder, loop, resume_from, True, None)
             curves = ValidationCurves(loop, proxy, setting.iterations, setting.curve_every)

@@ -377,7 +377,7 @@ def plot_zero_signal_curve(p: float, points: list[dict], max_group_size: int = 1
     in budget.json's zero_signal.points.  The measured points come from runs whose policy
     moved while they ran; the curve assumes one fixed p for every prompt.
     """
-    from .group_size import zero_signal_fraction
+    from .losses import zero_signal_fraction
 
     sizes = list(range(1, max_group_size + 1))
     fig, ax = plt.subplots(figsize=(5.5, 3.2))

@@ -47,6 +47,7 @@ import torch
 
 from . import data, evaluate, models, sampling, scoring
 from .runs import REPO_ROOT, RunFolder, read_jsonl, sha256_file, write_json, write_jsonl
+from .config import FIXED_SEEDS
 from .runtime import code_digests, data_digests, deterministic, environment, hashed_seed, seed_everything
 
 POLICIES = ("warm_start", "sft")  # whose responses the reward model learns to judge
@@ -71,8 +72,8 @@ class RewardModelConfig:
     """at most this many Newton steps; it stops when a step moves the parameters by < 1e-12"""
     threshold: float = 0.5
     """p(correct) at or above which the proxy says 1"""
-    seed: int = 4242
-    """seeds the responses' sampling"""
+    seed: int = FIXED_SEEDS["reward_model"]
+    """seeds the global RNGs before sampling (each response's own seed is `sample_seed`'s)"""
 
 
 def is_held_out(problem_id: str, share: float) -> bool:
@@ -138,7 +139,7 @@ def fit_logistic(X: torch.Tensor, y: torch.Tensor, l2: float, steps: int) -> tup
         move = torch.linalg.solve(hessian, gradient)
         theta = theta - move
         log.append({"step": step + 1, "loss": float(logistic_loss(theta, X, y, l2)),
-                    "step_norm": float(move.norm()), "gradient_norm": float(gradient.norm())})
+                    "step_norm": float(move.norm()), "grad_norm": float(gradient.norm())})
         if float(move.norm()) < 1e-12:
             break
     return theta, log

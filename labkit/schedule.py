@@ -1,4 +1,5 @@
-"""The learning-rate schedule shared by SFT and GRPO: linear warm-up, then linear decay.
+"""The learning-rate schedule shared by SFT and GRPO (linear warm-up, then linear decay), and the
+one clipped update step that applies it (`clipped_step`).
 
 The protocol's GRPO schedule is "warm-up 10% then linear decay to 10% of peak".
 The warm start and the additional SFT use the same schedule (the protocol only
@@ -59,3 +60,22 @@ def warmup_linear_decay(
 def schedule_values(total: int, peak: float, warmup_fraction: float = 0.1, final_fraction: float = 0.1) -> list[float]:
     """Every update's learning rate, for plots and manifests."""
     return [warmup_linear_decay(i, total, peak, warmup_fraction, final_fraction) for i in range(total)]
+
+
+def clipped_step(optimizer, loss, lr: float, grad_clip: float, *, error_if_nonfinite: bool = False) -> float:
+    """The one update step of SFT and GRPO: backward, gradient norm clipped to `grad_clip`, an
+    optimizer step at rate `lr`; returns the gradient norm before clipping.
+
+    The caller has zeroed the gradients and computed `loss` (a 0-d tensor).  The norm covers the
+    optimizer's own parameters.  (The language-model phases of the tiny base share
+    `labkit.answer_phase.clipped_update`, which computes the model's own loss first.)
+    """
+    import torch
+
+    for group in optimizer.param_groups:
+        group["lr"] = lr
+    loss.backward()
+    parameters = [p for group in optimizer.param_groups for p in group["params"]]
+    grad_norm = torch.nn.utils.clip_grad_norm_(parameters, grad_clip, error_if_nonfinite=error_if_nonfinite)
+    optimizer.step()
+    return float(grad_norm)

@@ -1,6 +1,6 @@
 """The warm start and the additional SFT: supervised learning of the solver's targets.
 
-Two branches, one loop (PROTOCOL.md section 2):
+Two branches, one loop (book/protocol.md, "Warm start and SFT"):
 
     branch      starts from        examples                      epochs  updates of 8
     warm_start  the base           the first 128 train problems     3        48
@@ -56,17 +56,17 @@ from pathlib import Path
 import torch
 
 from . import data, scoring, state as state_lib, task
-from .config import QWEN, PresetConfig, get_preset
+from .config import QWEN, SEED_OFFSETS, PresetConfig, get_preset
 from .runs import (REPO_ROOT, RunFolder, UnfinishedRunError, display_path, is_finished, read_json, run_path,
                    same_folder, sha256_file, write_json)
 from .runtime import code_digests, data_digests, environment, seed_everything
 from .runtime import deterministic as deterministic_algorithms
-from .schedule import warmup_linear_decay, warmup_updates
+from .schedule import clipped_step, warmup_linear_decay, warmup_updates
 
 BRANCHES = ("warm_start", "sft")
 # Each branch draws its data order from its own generator, seeded apart so the
 # two branches never share a permutation stream.
-DATA_ORDER_SEED_OFFSET = {"warm_start": 101, "sft": 202}
+DATA_ORDER_SEED_OFFSET = {"warm_start": SEED_OFFSETS["warm_start_data_order"], "sft": SEED_OFFSETS["sft_data_order"]}
 VALIDATION_BATCH = QWEN.validation_batch_size  # examples per validation forward (labkit.config)
 
 ModelFactory = Callable[[], tuple[torch.nn.Module, object]]
@@ -134,18 +134,32 @@ def check_branch(branch: str) -> None:
 
 @dataclass(frozen=True)
 class Plan:
+    """A branch's counts and schedule, all derived from the preset's config by `make_plan`."""
+
     branch: str
+    """"warm_start" or "sft""""
     examples: int
+    """train examples the branch learns from (config.warm_start_examples or config.sft_examples)"""
     epochs: int
+    """passes over them (config.warm_start_epochs or config.sft_epochs)"""
     batch_size: int
+    """examples per update (config.sft_batch_size; an epoch's last batch may be smaller)"""
     updates_per_epoch: int
+    """ceil(examples / batch_size)"""
     total_updates: int
+    """updates_per_epoch x epochs: the schedule's length"""
     peak_lr: float
+    """the schedule's peak rate (config.sft_lr)"""
     weight_decay: float
+    """AdamW's decoupled weight decay (config.sft_weight_decay)"""
     grad_clip: float
+    """gradient norm clip (config.grad_clip)"""
     warmup_fraction: float
+    """share of the updates spent warming up (config.warmup_fraction)"""
     final_lr_fraction: float
+    """the rate decays linearly to this share of its peak (config.final_lr_fraction)"""
     data_order_seed: int
+    """seeds the branch's permutations: config.seed + config.SEED_OFFSETS[<branch>_data_order]"""
 
     def lr(self, update: int) -> float:
         return warmup_linear_decay(update, self.total_updates, self.peak_lr, self.warmup_fraction, self.final_lr_fraction)
@@ -410,7 +424,7 @@ def run_epoch(b: Branch, epoch: int, bar) -> dict:
     for _ in range(b.plan.updates_per_epoch):
         chosen = permutation[b.data_order["cursor"]: b.data_order["cursor"] + b.plan.batch_size]
         b.data_order["cursor"] += len(chosen)
-        record = sft_update(b.model, b.optimizer, b.parameters, [b.examples[i] for i in chosen], pad_id, b.plan,
+        record = sft_update(b.model, b.optimizer, [b.examples[i] for i in chosen], pad_id, b.plan,
                             b.progress["updates_done"], epoch)
         b.progress["updates_done"] += 1
         b.history.append(record)
@@ -573,22 +587,18 @@ def _scheduler_position(plan: Plan, next_update: int) -> dict:
     return {"kind": "warmup_linear_decay", "next_update": next_update, "total_updates": plan.total_updates}
 
 
-def sft_update(model, optimizer, parameters, batch_examples: list[Example], pad_id: int, plan: Plan,
+def sft_update(model, optimizer, batch_examples: list[Example], pad_id: int, plan: Plan,
                 update: int, epoch: int) -> dict:
     """One AdamW update on a batch of examples; returns its history record."""
     if model.training:
         raise RuntimeError("SFT updates run in eval mode (dropout off); the model was switched to train mode")
     lr = plan.lr(update)
-    for group in optimizer.param_groups:
-        group["lr"] = lr
     batch = scoring.make_batch([e.prompt_ids for e in batch_examples], [e.response_ids for e in batch_examples], pad_id)
     optimizer.zero_grad(set_to_none=True)
     loss = scoring.sft_loss(model, batch)  # CE over every active token of the batch
     if not torch.isfinite(loss):
         raise FloatingPointError(f"update {update + 1}: non-finite SFT loss {loss.item()}")
-    loss.backward()
-    grad_norm = torch.nn.utils.clip_grad_norm_(parameters, plan.grad_clip, error_if_nonfinite=True)
-    optimizer.step()
+    grad_norm = clipped_step(optimizer, loss, lr, plan.grad_clip, error_if_nonfinite=True)
     return {
         "update": update + 1,
         "epoch": epoch,

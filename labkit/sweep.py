@@ -31,7 +31,7 @@ from concurrent.futures import ProcessPoolExecutor, as_completed
 from pathlib import Path
 
 from .runs import REPO_ROOT, RunFolder, read_json, sha256_file, write_json
-from .variants import Variant
+from .variants import Variant, needs_learned_verifier
 
 DEFAULT_FILE = REPO_ROOT / "sweeps" / "chapter9.json"
 SWEEP_ITERATIONS = 100  # the protocol's budget for every variant
@@ -134,6 +134,15 @@ def fingerprint(spec: dict) -> str:
     return hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()[:12]
 
 
+def learned_verifier(variant: Variant, preset: str):
+    """The learned verifier a run of `variant` optimises (its digests checked), or None."""
+    if not needs_learned_verifier(variant):
+        return None
+    from . import reward_model
+
+    return reward_model.load_verifier(preset)
+
+
 def run_one(spec: dict) -> dict:
     """Train (unless finished) and evaluate (unless finished) one run; returns a short summary.
 
@@ -149,9 +158,10 @@ def run_one(spec: dict) -> dict:
     trained = False
     if not RunFolder(folder).is_finished():
         config = get_preset(spec["preset"]).with_overrides(**spec.get("config_overrides", {}))
+        variant = Variant.from_dict(spec["options"])
         grpo.run_grpo(config, folder, group_size=spec["group_size"], iterations=spec["iterations"],
                       start_file=spec["start_file"], sampler=spec["sampler"], progress=False, restart=True,
-                      variant=Variant.from_dict(spec["options"]))
+                      variant=variant, learned_verifier=learned_verifier(variant, spec["preset"]))
         trained = True
     evaluated = False
     if spec.get("evaluate", True) and not RunFolder(folder / "evaluation" / "grpo").is_finished():
@@ -183,7 +193,7 @@ def plan(preset: str, runs: list[tuple[str, Variant]], *, root: str | Path | Non
                 "iterations": iterations, "sampler": sampler, "start_file": str(start),
                 "config_overrides": dict(config_overrides or {}), "eval_limit": eval_limit, "evaluate": evaluate,
                 "threads": threads, "start": start_step}
-        if variant.reward == "learned":
+        if needs_learned_verifier(variant):
             spec["reward_model_sha256"] = sha256_file(reward_model.model_file(preset))
         spec["folder"] = str(root / f"{name}-{fingerprint(spec)}")
         specs.append(spec)

@@ -18,11 +18,11 @@ from pathlib import Path
 
 import torch
 
-from .config import TINY, PresetConfig
+from .config import FIXED_SEEDS, TINY, PresetConfig
 from .runs import REPO_ROOT, write_json
 
 TUNE_DIR = REPO_ROOT / "runs" / "scratch" / "tune"
-VALIDATION_DRAW_SEED = 4242  # the validation draws' seeds come from this (not the evaluation's)
+VALIDATION_DRAW_SEED = FIXED_SEEDS["tuning_validation_draws"]  # the validation draws' seeds (not the evaluation's)
 
 
 def validation_profile(config: PresetConfig, state_file: str | Path, draws: int = 4) -> dict:

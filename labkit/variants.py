@@ -28,6 +28,10 @@ part of the loop and nothing else:
                        per-draw validation success)
 
 The log always keeps the true (verifier) reward beside the optimised one.
+
+Each switch with named values is a table below, one small function per entry: `REWARD_TABLE`,
+`KL_TABLE` and `OBJECTIVE_TABLE`.  `resolve` looks a variant up in them once, when a loop starts
+(`labkit.grpo.start_loop`); the loop then calls what it was given and never tests a switch.
 """
 
 from __future__ import annotations
@@ -35,6 +39,11 @@ from __future__ import annotations
 import hashlib
 import json
 from dataclasses import asdict, dataclass, fields
+from typing import Callable
+
+import torch
+
+from . import losses
 
 OBJECTIVES = ("grpo", "rft", "sft")
 REDUCTIONS = ("sequence", "token")
@@ -106,3 +115,163 @@ class Variant:
 
     def fingerprint(self) -> str:
         return hashlib.sha256(json.dumps(self.to_dict(), sort_keys=True).encode()).hexdigest()[:12]
+
+
+# -- The tables: one small function per entry --------------------------------------------------
+#
+# Rewards.  Each takes the iteration's groups (`labkit.sampling.Group`, P of them, G rollouts
+# each) and the loop, and returns the (P, G) float32 rewards the loop optimises.  The loop gives
+# what an entry needs: `learned_verifier` (reward "learned"), `reward_generator` and `variant`
+# (reward "random").
+
+
+def verifier_reward(groups, loop) -> torch.Tensor:
+    """The verifier's reward (the protocol)."""
+    return torch.tensor([g.rewards for g in groups])
+
+
+def format_reward(groups, loop) -> torch.Tensor:
+    """1 for a schema-valid answer, whatever its value (a control)."""
+    return torch.tensor([[float(v.valid) for v in g.verdicts] for g in groups])
+
+
+def learned_reward(groups, loop) -> torch.Tensor:
+    """The learned verifier's yes/no (a proxy; the verifier's reward is still logged beside it)."""
+    proxy, _ = loop.learned_verifier.rewards([r.prompt_ids for g in groups for r in g.rollouts],
+                                             [r.response_ids for g in groups for r in g.rollouts])
+    return proxy.reshape(len(groups), -1)
+
+
+def random_reward(groups, loop) -> torch.Tensor:
+    """Bernoulli(random_reward_p), independent of the response, from the control's own seeded stream."""
+    shape = (len(groups), len(groups[0].rollouts))
+    return (torch.rand(shape, generator=loop.reward_generator) < loop.variant.random_reward_p).float()
+
+
+@dataclass(frozen=True)
+class Reward:
+    """An entry of `REWARD_TABLE`: the function, and what the loop must be given for it."""
+
+    compute: Callable
+    """compute(groups, loop) -> (P, G) float32"""
+    needs_learned_verifier: bool = False
+    """the loop must be passed a `labkit.reward_model.LearnedVerifier`"""
+    needs_generator: bool = False
+    """the loop seeds a generator of its own for it (saved in every state)"""
+
+
+REWARD_TABLE = {
+    "verifier": Reward(verifier_reward),
+    "random": Reward(random_reward, needs_generator=True),
+    "format": Reward(format_reward),
+    "learned": Reward(learned_reward, needs_learned_verifier=True),
+}
+
+# KL terms.  Each takes the current policy's (logp (B, R), logits (B, R, V)), the reference's, a
+# `reduce(values (B, R)) -> 0-d` and the exact KL's block size, and returns (penalty, exact, k3):
+# the term the loss optimises and the two logged measures (0-d each).  The logged `kl` is always
+# the exact per-prefix KL, without gradient when it is not the one optimised, so that runs with
+# different penalties are compared on the same measure.
+
+
+def exact_kl_term(current, reference, reduce, block_size: int):
+    """The exact per-prefix KL(current || reference) over the vocabulary (the protocol)."""
+    with torch.no_grad():
+        k3 = reduce(losses.kl_estimators(current[0].detach(), reference[0])["k3"])
+    exact = reduce(losses.exact_prefix_kl(current[1], reference[1], block_size=block_size))
+    return exact, exact, k3
+
+
+def k3_kl_term(current, reference, reduce, block_size: int):
+    """The k3 estimator on the sampled tokens (DeepSeekMath, TRL)."""
+    k3 = reduce(losses.kl_estimators(current[0], reference[0])["k3"])
+    with torch.no_grad():
+        exact = reduce(losses.exact_prefix_kl(current[1].detach(), reference[1], block_size=block_size))
+    return k3, exact, k3
+
+
+def no_kl_term(current, reference, reduce, block_size: int):
+    """No penalty; both measures are still logged."""
+    with torch.no_grad():
+        k3 = reduce(losses.kl_estimators(current[0].detach(), reference[0])["k3"])
+    with torch.no_grad():
+        exact = reduce(losses.exact_prefix_kl(current[1].detach(), reference[1], block_size=block_size))
+    return torch.zeros((), device=current[0].device), exact, k3
+
+
+KL_TABLE = {"exact": exact_kl_term, "k3": k3_kl_term, "none": no_kl_term}
+
+# Objectives.  Each entry says which rows the updates learn from and which loss term they use.
+# The rows: "rollouts", the iteration's own rollouts with their advantages (GRPO);
+# "own_correct", its responses whose optimised reward is 1 (RFT, possibly none);
+# "solver_targets", the solver's target for each chosen prompt (SFT).
+
+
+def surrogate_term(logp_cur, old_logprobs, advantages, mask, group_size, clip_eps, reduction):
+    """The clipped surrogate on group advantages, reduced per group: (value 0-d, clip statistics)."""
+    return losses.clipped_surrogate(logp_cur, old_logprobs, advantages, mask, clip_eps=clip_eps,
+                                    group_size=group_size, reduction=reduction)
+
+
+def imitation_term(logp_cur, old_logprobs, advantages, mask, group_size, clip_eps, reduction):
+    """The mean negative log-likelihood of the rows (one group of all); no ratio, so nothing clipped."""
+    return losses.reduce(-logp_cur, mask, None, reduction), {
+        "clip_ratio/low_mean": 0.0, "clip_ratio/high_mean": 0.0, "clip_ratio/region_mean": 0.0}
+
+
+@dataclass(frozen=True)
+class Objective:
+    """An entry of `OBJECTIVE_TABLE`."""
+
+    rows: str
+    """"rollouts", "own_correct" or "solver_targets" (the comment above the table)"""
+    term: Callable
+    """term(logp_cur, old_logprobs, advantages, mask, group_size, clip_eps, reduction) -> (0-d, stats)"""
+    grouped: bool
+    """reduce per group of G (the surrogate's) or over all rows as one group (cross-entropy's)"""
+
+
+OBJECTIVE_TABLE = {
+    "grpo": Objective("rollouts", surrogate_term, grouped=True),
+    "rft": Objective("own_correct", imitation_term, grouped=False),
+    "sft": Objective("solver_targets", imitation_term, grouped=False),
+}
+
+
+def length_penalised(compute: Callable, coefficient: float) -> Callable:
+    """compute's rewards minus coefficient x (response tokens / the preset's response limit)."""
+    def penalised(groups, loop) -> torch.Tensor:
+        lengths = torch.tensor([[len(r.response_ids) for r in g.rollouts] for g in groups], dtype=torch.float32)
+        return compute(groups, loop) - coefficient * lengths / loop.config.max_response_tokens
+    return penalised
+
+
+@dataclass(frozen=True)
+class Resolved:
+    """A variant looked up in the tables: what the loop calls."""
+
+    reward: Reward
+    optimised_reward: Callable
+    """optimised_reward(groups, loop) -> (P, G) float32: the reward's, minus the length penalty if any"""
+    kl_term: Callable
+    objective: Objective
+    identity: dict
+    """what the variant adds to a run's identity ({} for the protocol, whose identity stays as it was)"""
+
+
+def resolve(variant: Variant) -> Resolved:
+    """The one place where a variant's switches are looked up."""
+    reward = REWARD_TABLE[variant.reward]
+    optimised = length_penalised(reward.compute, variant.length_penalty) if variant.length_penalty else reward.compute
+    return Resolved(reward=reward, optimised_reward=optimised, kl_term=KL_TABLE[variant.kl],
+                    objective=OBJECTIVE_TABLE[variant.objective],
+                    identity={} if variant.is_protocol else {"variant": variant.to_dict()})
+
+
+def needs_learned_verifier(variant: Variant) -> bool:
+    """Whether a run of `variant` must be given the learned verifier (reward "learned")."""
+    return REWARD_TABLE[variant.reward].needs_learned_verifier
+
+
+# every allowed value has its entry, and nothing else has one
+assert tuple(REWARD_TABLE) == REWARDS and tuple(KL_TABLE) == KLS and tuple(OBJECTIVE_TABLE) == OBJECTIVES

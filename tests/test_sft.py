@@ -100,7 +100,7 @@ def test_loss_decreases_on_a_tiny_overfit(tokenizer, train_examples):
     plan = sft.make_plan(overfit, "warm_start")
     params = list(model.parameters())
     optimizer = torch.optim.AdamW(params, lr=plan.peak_lr)
-    losses = [sft.sft_update(model, optimizer, params, examples, tokenizer.pad_token_id, plan, k, 1)["loss"]
+    losses = [sft.sft_update(model, optimizer, examples, tokenizer.pad_token_id, plan, k, 1)["loss"]
               for k in range(plan.total_updates)]
     assert losses[0] > 5.0  # random init over 512 ids: about log(512) = 6.2
     assert losses[-1] < 0.5 * losses[0], losses
@@ -111,7 +111,7 @@ def test_update_refuses_train_mode(tokenizer):
     examples = sft.load_split_examples(tokenizer, "validation")[:2]
     params = list(model.parameters())
     with pytest.raises(RuntimeError, match="eval mode"):
-        sft.sft_update(model, torch.optim.AdamW(params), params, examples, tokenizer.pad_token_id,
+        sft.sft_update(model, torch.optim.AdamW(params), examples, tokenizer.pad_token_id,
                        sft.make_plan(SHORT, "warm_start"), 0, 1)
 
 
@@ -126,7 +126,7 @@ def test_same_threads_same_numbers(tokenizer, train_examples):
         optimizer = torch.optim.AdamW(params, lr=plan.peak_lr)
         with sft.deterministic_algorithms():
             for k in range(2):
-                sft.sft_update(model, optimizer, params, examples[4 * k : 4 * k + 4], tokenizer.pad_token_id, plan, k, 1)
+                sft.sft_update(model, optimizer, examples[4 * k : 4 * k + 4], tokenizer.pad_token_id, plan, k, 1)
         digests.append(models.parameter_digest(model))
     assert digests[0] == digests[1]
 

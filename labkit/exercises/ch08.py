@@ -29,9 +29,9 @@ def check_ch08_zero_signal(zero_signal_fraction) -> bool:
 
     The chance that a group of G independent rewards, each 1 with probability p, is
     constant (all right or all wrong), so its advantages are all zero: p^G + (1-p)^G.
-    Compared with `labkit.group_size.zero_signal_fraction` within 1e-12.
+    Compared with `labkit.losses.zero_signal_fraction` within 1e-12.
     """
-    from ..group_size import zero_signal_fraction as reference
+    from ..losses import zero_signal_fraction as reference
 
     require_function(zero_signal_fraction)
     values = []
