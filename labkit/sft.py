@@ -137,7 +137,7 @@ class Plan:
     """A branch's counts and schedule, all derived from the preset's config by `make_plan`."""
 
     branch: str
-    """"warm_start" or "sft""""
+    """"warm_start" or "sft\""""
     examples: int
     """train examples the branch learns from (config.warm_start_examples or config.sft_examples)"""
     epochs: int
