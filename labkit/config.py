@@ -11,6 +11,8 @@ import hashlib
 import json
 from dataclasses import asdict, dataclass, fields, replace
 
+from . import task
+
 
 @dataclass(frozen=True)
 class Architecture:
@@ -59,12 +61,12 @@ class PresetConfig:
     max_total_tokens: int = 320
     """prompt + response, the longest row any batch holds"""
     # -- warm start and SFT ------------------------------------------------------
-    warm_start_examples: int = 128
-    """the first 128 train problems"""
+    warm_start_examples: int = task.WARM_START_SIZE
+    """the warm start's examples: all 128 of the task's warm-start set (a shortened run takes its first ones)"""
     warm_start_epochs: int = 3
     """128 / 8 x 3 = 48 updates"""
-    sft_examples: int = 872
-    """the other 872 train problems (the additional SFT, the supervised reference)"""
+    sft_examples: int = task.SPLIT_SIZES["train"] - task.WARM_START_SIZE
+    """the other 872 train problems, the task's pool (the additional SFT, the supervised reference)"""
     sft_epochs: int = 2
     """ceil(872 / 8) x 2 = 218 updates"""
     sft_batch_size: int = 8

@@ -35,6 +35,7 @@ from . import answer_phase, data, models, sampling, scoring, task
 from . import corpus as corpus_mod
 from .runs import REPO_ROOT, RunFolder, read_json, write_json
 from .runtime import code_digests, deterministic, environment, hashed_seed, seed_everything
+from .schedule import lm_update
 
 MODEL_FILE = "model.safetensors"
 POLICY_NAME = "format_base"
@@ -138,7 +139,7 @@ def train(model, tokenizer, cfg: FormatBaseConfig, problems: list[dict], progres
         checked += corpus_mod.check_disjoint(documents, forbidden)  # none of the 1,400 problems
         lab_documents += sum(d.kind == "lab_format" for d in documents)
         batch = answer_phase.answer_batch(tokenizer, documents)
-        loss, _ = answer_phase.clipped_update(model, optimizer, batch, cfg.lr, cfg.grad_clip)  # constant lr
+        loss, _ = lm_update(model, optimizer, batch, cfg.lr, cfg.grad_clip)  # constant lr
         window.append(loss)
         done = step + 1
         if done % cfg.log_every == 0:

@@ -106,7 +106,6 @@ from . import state as state_lib
 from .config import get_preset
 from .runs import REPO_ROOT, display_path, ensure_not_finished, mark_finished, write_json
 from .runtime import deterministic, seed_everything
-from .schedule import warmup_linear_decay
 from .tokenizer import ASSET_DIR
 
 SMOKE_FILE = "smoke.json"
@@ -545,7 +544,7 @@ class Smoke:
     loop: object = None  # the `grpo.Loop`: policy, reference, AdamW, pool, order, generator, history
     chosen: list = field(default_factory=list)  # iteration 1's 4 pool problems
     seeds: list = field(default_factory=list)  # and their P x G sampling seeds
-    groups: dict = field(default_factory=dict)  # sampler -> its P groups of G verified rollouts
+    sampled: dict = field(default_factory=dict)  # sampler -> its `grpo.Sampled` (P groups of G rollouts)
     start_digest: str | None = None  # policy = reference at the start of GRPO
     policy_digest: str | None = None  # the policy after the updates, as saved in the state
     section_digests: dict | None = None  # of the saved state, section by section
@@ -631,23 +630,35 @@ def stage_load(s: Smoke, detail: dict) -> None:
 
 
 def stage_sft_update(s: Smoke, detail: dict) -> None:
-    """The warm start's first update, as `sft.run_branch` makes it (its plan, data order and `sft_update`)."""
-    plan = sft.make_plan(s.config, "warm_start")
-    train = sft.load_split_examples(s.tokenizer, "train")
-    examples = sft.branch_examples(train, "warm_start", s.config)
-    parameters = [p for p in s.model.parameters() if p.requires_grad]
-    optimizer = torch.optim.AdamW(parameters, lr=plan.peak_lr, weight_decay=plan.weight_decay)
-    order_generator = torch.Generator().manual_seed(plan.data_order_seed)
+    """The warm start's first update, made by SFT's own loop: `sft.start_branch` (examples, identity),
+    `Branch.start_optimizer` (AdamW, the data-order generator) and `sft.run_epoch`, with the
+    branch's plan cut to one update per epoch (its schedule is the full run's, so the update has the
+    first update's rate) and one validation example for the epoch's validation NLL."""
+    plan = dataclasses.replace(sft.make_plan(s.config, "warm_start"), updates_per_epoch=1)
+    branch = sft.start_branch(s.config, plan, lambda: (s.model, s.tokenizer), validation_limit=1,
+                              expected_start=None, start_description=None)
+    branch.start_optimizer()
     seed_everything(s.config.seed)
     before = models.parameter_digest(s.model)
     with deterministic(s.device):
-        permutation = torch.randperm(len(examples), generator=order_generator).tolist()
-        batch = [examples[i] for i in permutation[: plan.batch_size]]
-        record = sft.sft_update(s.model, optimizer, parameters, batch, s.tokenizer.pad_token_id, plan, 0, 1)
+        sft.run_epoch(branch, 1, _SilentBar())
+    record = branch.history[-1]
     detail.update({k: v for k, v in record.items() if k != "example_ids"})  # sft_update's own history record
-    detail.update(examples=len(batch), prompt_tokens=[len(e.prompt_ids) for e in batch],
+    chosen = branch.data_order["permutation"][: branch.data_order["cursor"]]
+    detail.update(examples=len(chosen), prompt_tokens=[len(branch.examples[i].prompt_ids) for i in chosen],
+                  validation_nll=branch.progress["validation"][-1]["nll"],
                   weights_changed=models.parameter_digest(s.model) != before)
-    del optimizer, parameters  # the GRPO run starts a fresh AdamW from the warm-start file
+    del branch  # the GRPO run starts a fresh AdamW from the warm-start file
+
+
+class _SilentBar:
+    """The progress bar `sft.run_epoch` updates, silent."""
+
+    def update(self, n: int) -> None:
+        pass
+
+    def set_postfix(self, **kwargs) -> None:
+        pass
 
 
 def stage_warm_start_file(s: Smoke, detail: dict) -> None:
@@ -673,39 +684,23 @@ def stage_warm_start_file(s: Smoke, detail: dict) -> None:
 
 
 def prepare_grpo(s: Smoke) -> None:
-    """GRPO's stage 0 after the two loads, as `grpo.start_loop` builds it: AdamW, pool, prompt order,
-    generation generator and identity, kept in a `grpo.Loop` (whose `capture` makes the run's state)."""
-    config, G = s.config, s.config.group_size
+    """GRPO's stage 0 after the two loads, by `grpo.new_loop` (the second half of `grpo.start_loop`):
+    AdamW, pool, prompt order, generation generator and identity in a `grpo.Loop`, whose `capture`
+    makes the run's state; then iteration 1's prompts and seeds by `grpo.draw_prompts`."""
+    config = s.config.with_overrides(max_response_tokens=s.max_new_tokens)
     seed_everything(config.seed)
-    optimizer = torch.optim.AdamW([p for p in s.model.parameters() if p.requires_grad], lr=config.grpo_lr,
-                                  weight_decay=config.grpo_weight_decay)
-    pool = grpo.load_pool()
-    identity = {
-        "preset": config.name, "config_fingerprint": config.fingerprint(), "group_size": G,
-        "iterations": config.grpo_iterations, "sampler": "reference", "device": s.device,
-        "torch_threads": torch.get_num_threads(), "start_file": "smoke warm start", "start_digest": s.start_digest,
-        "pool_ids": [r["id"] for r in pool], "smoke_layers": s.model_config.num_hidden_layers,
-    }
-    s.loop = grpo.Loop(
-        config=config, G=G, model=s.model, reference=s.reference, tokenizer=s.tokenizer, optimizer=optimizer,
-        pool=pool, prompts={r["id"]: scoring.build_prompt_ids(s.tokenizer, r["statement"], config.max_prompt_tokens)
-                            for r in pool},
-        order=grpo.PromptOrder(len(pool), config.seed + grpo.PROMPT_ORDER_SEED_OFFSET),
-        generation=torch.Generator().manual_seed(config.seed + grpo.GENERATION_SEED_OFFSET), identity=identity,
-        total_updates=config.grpo_iterations * config.updates_per_iteration, reference_digest=s.start_digest,
-    )
-    # Iteration 1's prompts and seeds, drawn as `grpo.run_iteration` draws them.
-    P = config.prompts_per_iteration
-    s.chosen = [pool[i] for i in s.loop.order.take(P)]
-    s.seeds = torch.randint(0, grpo.SEED_RANGE, (P * G,), generator=s.loop.generation).tolist()
+    s.loop = grpo.new_loop(config, config.group_size, config.grpo_iterations, s.model, s.reference, s.tokenizer,
+                           s.start_digest, start_label="smoke warm start", sampler="reference", device=s.device,
+                           extra_identity={"smoke_layers": s.model_config.num_hidden_layers})
+    s.chosen, s.seeds = grpo.draw_prompts(s.loop)
 
 
 def stage_sample(s: Smoke, detail: dict, sampler: str) -> None:
-    """G responses to each of the 4 prompts with `sampler`, verified: `grpo.sample_groups`, the loop's call."""
+    """G responses to each of the 4 prompts with `sampler`, verified, their rewards and advantages:
+    `grpo.sample_iteration`, the loop's own stages 1-3."""
     with deterministic(s.device):
-        groups = grpo.sample_groups(s.model, s.tokenizer, s.chosen, s.loop.prompts, s.seeds, s.loop.G, 0, sampler,
-                                    s.max_new_tokens)
-    s.groups[sampler] = groups
+        s.sampled[sampler] = grpo.sample_iteration(s.loop, 0, sampler, s.chosen, s.seeds)
+    groups = s.sampled[sampler].groups
     rollouts = [r for g in groups for r in g.rollouts]
     detail.update(rollouts=len(rollouts), prompt_tokens=[len(g.prompt_ids) for g in groups],
                   generated_tokens=sum(len(r.response_ids) for r in rollouts),
@@ -714,7 +709,7 @@ def stage_sample(s: Smoke, detail: dict, sampler: str) -> None:
                   undecodable_rollouts=sum(not r.tokenization_valid for r in rollouts),
                   max_generated_id=max(max(r.response_ids) for r in rollouts))
     if sampler == "fast":
-        reference = [r for g in s.groups["reference"] for r in g.rollouts]
+        reference = s.sampled["reference"].rollouts
         same = sum(a.response_ids == b.response_ids for a, b in zip(reference, rollouts))
         detail["identical_to_reference"] = same
         if same != len(rollouts):
@@ -726,57 +721,40 @@ def stage_sample(s: Smoke, detail: dict, sampler: str) -> None:
 def stage_logprob_check(s: Smoke, detail: dict) -> None:
     """The pre-update check (strict: above 2e-4 it raises) on the fast sampler's rollouts, by its own
     forward; the reference sampler's rollouts are checked inside the first update, as the loop does."""
-    rollouts = [r for g in s.groups["fast"] for r in g.rollouts]
+    rollouts = s.sampled["fast"].rollouts
     with deterministic(s.device):
         check = sampling.check_recorded_logprobs(s.model, rollouts, tol=s.config.logprob_check_tol)
     detail["fast"] = {k: check[k] for k in ("ok", "max_abs_diff", "tol", "tokens")}
 
 
 def stage_grpo_updates(s: Smoke, detail: dict) -> None:
-    """Group advantages, one reference forward and the two updates of iteration 1 on the reference
-    sampler's rollouts, with the calls of `grpo.run_iteration` (the pre-update check in update 1)."""
-    loop, config = s.loop, s.config
+    """Iteration 1's updates on the reference sampler's rollouts by `grpo.update_iteration`, the loop's
+    own stages 4-5 (one reference forward, two updates, the pre-update check inside the first), and
+    its record by `grpo.record_iteration`."""
+    loop, config = s.loop, s.loop.config
     P, G = config.prompts_per_iteration, loop.G
-    groups = s.groups["reference"]
-    rollouts = [r for g in groups for r in g.rollouts]
-    rewards = torch.tensor([g.rewards for g in groups])  # (P, G)
+    sampled = s.sampled["reference"]
+    rewards = sampled.optimised  # (P, G): the verifier's (the protocol's variant)
     zero_std = losses.zero_variance_groups(rewards)  # (P,)
-    used = rewards
     if s.rewards == "synthetic" and bool(zero_std.all()):
         used = torch.tensor(SYNTHETIC_REWARDS[:G]).expand(P, G).clone()  # see the module docstring
-    advantages = losses.group_advantages(used, eps=config.advantage_eps).reshape(-1)  # (P x G,)
-    check: dict = {}
-
-    def pre_update_check(logp_cur: torch.Tensor) -> None:
-        check.update(sampling.compare_with_recorded(logp_cur, rollouts, tol=config.logprob_check_tol))
-
+        sampled = dataclasses.replace(sampled, optimised=used, advantages=losses.group_advantages(
+            used, eps=config.advantage_eps, scale_by_std=loop.variant.scale_by_std).reshape(-1))
     before = models.parameter_digest(loop.model)
     with deterministic(s.device):
-        batch = scoring.make_batch([r.prompt_ids for r in rollouts], [r.response_ids for r in rollouts],
-                                   pad_id=loop.tokenizer.pad_token_id)
-        old = grpo.padded([r.old_logprobs for r in rollouts], batch.response_mask.shape[1])
-        reference = grpo.reference_scores(loop.reference, batch)
-        updates = []
-        for k in range(config.updates_per_iteration):
-            lr = warmup_linear_decay(loop.next_update, loop.total_updates, config.grpo_lr, config.warmup_fraction,
-                                     config.final_lr_fraction)
-            updates.append(grpo.grpo_update(loop.model, loop.optimizer, batch, old, advantages, reference, lr,
-                                            group_size=G, config=config,
-                                            before_step=pre_update_check if k == 0 else None))
-            loop.next_update += 1
+        updates, check = grpo.update_iteration(loop, sampled)
         loop.optimizer.zero_grad(set_to_none=True)  # the gradients are not part of a state
-    del reference
-    loop.consumed += [r.rollout_id for r in rollouts]
-    loop.history.append({"iteration": 1, "problem_ids": [p["id"] for p in s.chosen], "updates": updates,
-                         "reward": float(rewards.mean())})
+    grpo.record_iteration(loop, 0, sampled, updates, check)
+    lengths = [len(r.response_ids) for r in sampled.rollouts]
     detail.update(
         verifier_rewards=rewards.tolist(),
         zero_variance_groups=int(zero_std.sum()),
-        rewards_used="verifier" if used is rewards else f"synthetic {list(SYNTHETIC_REWARDS[:G])} per group: "
-                                                        "every group had zero variance (random weights answer nothing)",
+        rewards_used="verifier" if sampled.optimised is rewards else f"synthetic {list(SYNTHETIC_REWARDS[:G])} per "
+                                                                     "group: every group had zero variance (random "
+                                                                     "weights answer nothing)",
         logprob_check={k: check[k] for k in ("ok", "max_abs_diff", "tol", "tokens")},
-        batch_shape=list(batch.input_ids.shape),
-        logits_shape=[*batch.response_mask.shape, s.model_config.vocab_size],
+        batch_shape=[len(lengths), max(len(r.prompt_ids) + len(r.response_ids) for r in sampled.rollouts)],
+        logits_shape=[len(lengths), max(lengths), s.model_config.vocab_size],
         kl_block_size=config.kl_block_size,
         updates=updates,
         weights_changed=models.parameter_digest(loop.model) != before,
