@@ -76,3 +76,48 @@ def test_one_name_one_meaning_across_tables():
     for table in metrics.ALL.values():
         assert all(isinstance(v, str) and v for v in table.values())
     assert "lr" not in metrics.SFT_UPDATE and "accuracy" not in metrics.GREEDY_VALIDATION
+
+
+def read_jsonl(path):
+    import json
+
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+TINY_RUNS = REPO_ROOT / "runs" / "tiny"
+
+
+def test_the_base_pretraining_logs_are_documented():
+    """Both phases of the committed base (the cache check keeps them what pretrain.py writes)."""
+    corpus_log = read_jsonl(TINY_RUNS / "base" / "corpus_log.jsonl")
+    answer_log = read_jsonl(TINY_RUNS / "base" / "log.jsonl")
+    assert keys(corpus_log) == set(metrics.PRETRAIN_CORPUS_LOG)
+    assert keys(answer_log) == set(metrics.PRETRAIN_ANSWER_LOG)
+    assert {r["kind"] for r in answer_log} == {"train", "eval"}
+
+
+def test_the_format_base_log_is_documented():
+    log = read_json(TINY_RUNS / "format_base" / "log.json")
+    assert keys(log) == set(metrics.FORMAT_BASE_LOG)
+    assert {r["kind"] for r in log} == {"train", "measure"}
+
+
+def test_the_learned_verifiers_fit_and_samples_are_documented():
+    import gzip
+    import json
+
+    from labkit import reward_model
+
+    assert keys(read_json(TINY_RUNS / "reward_model" / "history.json")) == set(metrics.REWARD_MODEL_FIT)
+    with gzip.open(TINY_RUNS / "reward_model" / "samples.jsonl.gz", "rt") as f:
+        rows = [json.loads(line) for line in f]
+    assert keys(rows) == set(metrics.REWARD_MODEL_SAMPLE)
+    assert keys(r["features"] for r in rows) == set(reward_model.FEATURES)
+
+
+def test_a_gradient_norm_has_one_name_in_every_table():
+    """grad_norm everywhere (not gradient_norm); learning_rate everywhere but the frozen base's logs."""
+    for name, table in metrics.ALL.items():
+        assert "gradient_norm" not in table, name
+        if not name.startswith("pretrain_"):
+            assert "lr" not in table, name

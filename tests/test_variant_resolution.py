@@ -1,0 +1,91 @@
+"""A variant's switches are looked up once, in `labkit.variants.resolve`, never branched on in place.
+
+The loop calls what `resolve` gave it (a reward, a KL term, an objective's rows and loss term);
+no other module may test a switch in an `if`, a conditional expression or a `while`.  The test
+reads the source, so a new `if variant.kl == ...` anywhere in labkit fails it with its line.
+"""
+
+import ast
+from dataclasses import fields
+from pathlib import Path
+
+import pytest
+import torch
+
+from labkit import variants
+from labkit.variants import Variant
+
+LABKIT = Path(variants.__file__).parent
+SWITCHES = {f.name for f in fields(Variant)} | {"is_protocol"}
+
+
+def _tests_a_switch(expression: ast.AST) -> bool:
+    for node in ast.walk(expression):
+        if isinstance(node, ast.Attribute) and node.attr in SWITCHES:
+            owner = node.value
+            if (isinstance(owner, ast.Name) and owner.id == "variant") or \
+                    (isinstance(owner, ast.Attribute) and owner.attr == "variant"):
+                return True
+    return False
+
+
+def branches_on_a_variant(source: str) -> list[int]:
+    """Lines of `if`, `while` and conditional expressions whose condition reads a variant's switch."""
+    tree = ast.parse(source)
+    return sorted(node.lineno for node in ast.walk(tree)
+                  if isinstance(node, (ast.If, ast.IfExp, ast.While)) and _tests_a_switch(node.test))
+
+
+def test_the_guard_sees_a_branch_on_a_switch():
+    assert branches_on_a_variant("if variant.kl == 'k3':\n    pass\n") == [1]
+    assert branches_on_a_variant("x = 1 if loop.variant.reward == 'random' else 0\n") == [1]
+    assert branches_on_a_variant("y = resolve(variant).kl_term\nz = variant.updates_per_iteration or 2\n") == []
+
+
+def test_no_module_but_variants_branches_on_a_switch():
+    found = {}
+    for path in sorted(LABKIT.rglob("*.py")):
+        if path.name == "variants.py":
+            continue
+        lines = branches_on_a_variant(path.read_text())
+        if lines:
+            found[str(path.relative_to(LABKIT))] = lines
+    assert found == {}, f"branches on a variant's switch outside labkit.variants.resolve: {found}"
+
+
+def test_every_allowed_value_has_its_table_entry():
+    assert tuple(variants.REWARD_TABLE) == variants.REWARDS
+    assert tuple(variants.KL_TABLE) == variants.KLS
+    assert tuple(variants.OBJECTIVE_TABLE) == variants.OBJECTIVES
+
+
+@pytest.mark.parametrize("kl", variants.KLS)
+def test_each_kl_term_logs_the_same_two_measures_and_optimises_its_own(kl):
+    """Hand-sized logits: the logged exact KL and k3 do not depend on the term optimised."""
+    g = torch.Generator().manual_seed(0)
+    logits_cur = torch.randn(2, 3, 5, generator=g, dtype=torch.float64, requires_grad=True)
+    logits_ref = torch.randn(2, 3, 5, generator=g, dtype=torch.float64)
+    tokens = torch.tensor([[0, 1, 2], [3, 4, 0]])
+    logp_cur = torch.log_softmax(logits_cur, -1).gather(-1, tokens[..., None])[..., 0]
+    logp_ref = torch.log_softmax(logits_ref, -1).gather(-1, tokens[..., None])[..., 0]
+    mask = torch.ones(2, 3, dtype=torch.bool)
+    reduce = lambda v: variants.losses.reduce(v, mask, None, "sequence")  # noqa: E731
+    penalty, exact, k3 = variants.KL_TABLE[kl]((logp_cur, logits_cur), (logp_ref, logits_ref), reduce, 4096)
+    p, q = torch.softmax(logits_cur.detach(), -1), torch.softmax(logits_ref, -1)
+    expected_exact = (p * (p.log() - q.log())).sum(-1).mean()  # every row has 3 tokens: the mean of 6 prefixes
+    log_r = (logp_ref - logp_cur).detach()
+    expected_k3 = (log_r.exp() - 1 - log_r).mean()
+    assert float(exact.detach()) == pytest.approx(float(expected_exact), rel=1e-12)
+    assert float(k3.detach()) == pytest.approx(float(expected_k3), rel=1e-12)
+    optimised = {"exact": exact, "k3": k3, "none": None}[kl]
+    if optimised is None:
+        assert float(penalty.detach()) == 0.0 and not penalty.requires_grad
+    else:
+        assert penalty is optimised and penalty.requires_grad
+
+
+def test_resolve_adds_the_length_penalty_only_when_asked():
+    assert variants.resolve(Variant()).optimised_reward is variants.verifier_reward
+    assert variants.resolve(Variant(length_penalty=0.5)).optimised_reward is not variants.verifier_reward
+    assert variants.resolve(Variant()).identity == {}
+    assert variants.resolve(Variant(kl="none")).identity == {"variant": Variant(kl="none").to_dict()}
