@@ -17,23 +17,27 @@ sizes, on weights that need no download:
                embedding has 151,936 rows, so the 271 ids from 151,665 up are rows without a
                token, as in the real model.
 
-then, one stage each, with the lab's own functions (the calls of `sft.run_branch`,
-`grpo.start_loop` / `grpo.run_iteration` and `evaluate.run_inference`, not copies of what
-they compute):
+then, one stage each, by the loops' own functions, not copies of them: SFT's `start_branch` and
+`run_epoch`; GRPO's `new_loop` (`start_loop` after its two loads), `draw_prompts`,
+`sample_iteration`, `update_iteration` and `record_iteration` (`run_iteration` is these three);
+`evaluate.generate_predictions`:
 
     build                  random weights, the stand-in tokenizer, `models.check_qwen`
     load                   weights and tokenizer written as a model folder and read back by the
                            qwen loader (`models.load("qwen", path=...)`), as after a download
-    sft_update             the warm start's first update: 8 examples, AdamW (`sft.sft_update`)
+    sft_update             the warm start's first update: 8 examples, AdamW (`sft.run_epoch` of a
+                           plan cut to one update, then its validation NLL on one example)
     warm_start_file        `models.save_model`; policy and reference as two loads of that file;
-                           the rest of GRPO's setup (AdamW, pool, prompt order, a `grpo.Loop`)
-    grpo_sample_reference  4 prompts x G=4, reference sampler (no KV cache), verified
-                           (`grpo.sample_groups`)
+                           the rest of GRPO's setup (`grpo.new_loop`: AdamW, pool, prompt order,
+                           the `grpo.Loop`) and iteration 1's prompts and seeds (`grpo.draw_prompts`)
+    grpo_sample_reference  4 prompts x G=4, reference sampler (no KV cache), verified, with their
+                           rewards and advantages (`grpo.sample_iteration`)
     grpo_sample_fast       the same 16 rollouts with the fast sampler (KV cache), same seeds
     logprob_check          the pre-update check of the fast sampler's rollouts (its own forward)
-    grpo_updates           one reference forward and two updates (`grpo.grpo_update`: clipped
+    grpo_updates           one reference forward and two updates (`grpo.update_iteration`: clipped
                            surrogate + 0.02 x the exact KL in blocks of 4,096) on the reference
-                           sampler's rollouts, the pre-update check inside the first, as the loop does
+                           sampler's rollouts, the pre-update check inside the first; the record
+                           (`grpo.record_iteration`)
     kl_blocks              the blocked exact KL and its gradient against one block of 151,936
                            and against float64, on seeded logits of the update's size
     state_save             `grpo.Loop.capture` + `state.save_state` of the whole run
@@ -101,7 +105,7 @@ import torch
 
 # Every lab module the stages call is imported here, at the start: a run takes minutes, and a
 # module first imported half-way through would be whatever the file holds by then.
-from . import evaluate, grpo, losses, models, runtime, sampling, scoring, sft
+from . import evaluate, grpo, losses, memory, models, runtime, sampling, scoring, sft
 from . import state as state_lib
 from .config import get_preset
 from .runs import REPO_ROOT, display_path, ensure_not_finished, mark_finished, write_json
@@ -345,51 +349,6 @@ def check_architecture(model, config) -> str:
 # -- 3. Measuring a stage ------------------------------------------------------------------------
 
 
-def _status_kib(field_name: str) -> int | None:
-    """A /proc/self/status field in KiB (Linux), else None."""
-    try:
-        with open("/proc/self/status", encoding="ascii") as f:
-            for line in f:
-                if line.startswith(field_name + ":"):
-                    return int(line.split()[1])
-    except OSError:
-        return None
-    return None
-
-
-def _meminfo_bytes(field_name: str) -> int | None:
-    """A /proc/meminfo field in bytes (Linux), else None."""
-    try:
-        with open("/proc/meminfo", encoding="ascii") as f:
-            for line in f:
-                if line.startswith(field_name + ":"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        return None
-    return None
-
-
-def _reset_host_peak() -> bool:
-    """Reset the process's peak RSS (Linux >= 4.0: write 5 to /proc/self/clear_refs); False where impossible."""
-    try:
-        with open("/proc/self/clear_refs", "w", encoding="ascii") as f:
-            f.write("5")
-        return True
-    except OSError:
-        return False
-
-
-def host_peak_bytes() -> int:
-    """The process's peak resident set: VmHWM where Linux has it, else getrusage's maxrss."""
-    kib = _status_kib("VmHWM")
-    if kib is not None:
-        return kib * 1024
-    import resource
-
-    scale = 1 if sys.platform == "darwin" else 1024  # macOS reports bytes, Linux KiB
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * scale
-
-
 class StageMeter:
     """Wall time and peak memory of one stage: `with meter.stage(name) as detail: ...`.
 
@@ -413,7 +372,7 @@ class StageMeter:
             torch.cuda.synchronize(self.device)
             torch.cuda.empty_cache()
             torch.cuda.reset_peak_memory_stats(self.device)
-        reset = _reset_host_peak()
+        reset = memory.reset_host_peak()
         row = {"stage": name, "status": "running"}
         detail: dict = {}
         began = time.perf_counter()
@@ -428,7 +387,7 @@ class StageMeter:
             if cuda:
                 torch.cuda.synchronize(self.device)
             row["seconds"] = time.perf_counter() - began
-            row["host_peak_bytes"] = host_peak_bytes()
+            row["host_peak_bytes"] = memory.host_peak_bytes()
             row["host_peak_reset_for_stage"] = reset
             if cuda:
                 row["cuda_max_allocated_bytes"] = int(torch.cuda.max_memory_allocated(self.device))
@@ -483,8 +442,8 @@ def environment(device: str) -> dict:
         "ATEN_CPU_CAPABILITY": os.environ.get("ATEN_CPU_CAPABILITY"),
         "cpu_count": os.cpu_count(),
         "cpu_model": _cpu_model(),
-        "host_memory_total_bytes": _meminfo_bytes("MemTotal"),
-        "host_memory_available_bytes_at_start": _meminfo_bytes("MemAvailable"),
+        "host_memory_total_bytes": memory.meminfo_bytes("MemTotal"),
+        "host_memory_available_bytes_at_start": memory.meminfo_bytes("MemAvailable"),
         "tf32_matmul": torch.backends.cuda.matmul.allow_tf32,
         "tf32_cudnn": torch.backends.cudnn.allow_tf32,
     }
@@ -862,7 +821,7 @@ MEMORY_MARGIN = 1 * GIB
 
 def memory_fits(need: int) -> tuple[bool, int | None]:
     """(does `need` bytes fit in MemAvailable with a margin?, MemAvailable); True where unknown."""
-    available = _meminfo_bytes("MemAvailable")
+    available = memory.meminfo_bytes("MemAvailable")
     return (available is None or need + MEMORY_MARGIN <= available), available
 
 

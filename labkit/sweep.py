@@ -34,7 +34,6 @@ from .runs import REPO_ROOT, RunFolder, read_json, sha256_file, write_json
 from .variants import Variant, needs_learned_verifier
 
 DEFAULT_FILE = REPO_ROOT / "sweeps" / "chapter9.json"
-SWEEP_ITERATIONS = 100  # the protocol's budget for every variant
 RESULTS_FILE = "results.json"
 STARTS = ("warm_start", "base", "format_base")  # steps whose finished model a run may start from
 
@@ -173,17 +172,19 @@ def run_one(spec: dict) -> dict:
 
 
 def plan(preset: str, runs: list[tuple[str, Variant]], *, root: str | Path | None = None,
-         iterations: int = SWEEP_ITERATIONS, start_file: str | Path | None = None, sampler: str = "reference",
+         iterations: int | None = None, start_file: str | Path | None = None, sampler: str = "reference",
          config_overrides: dict | None = None, eval_limit: int | None = None, evaluate: bool = True,
          threads: int = 1, starts: dict[str, str] | None = None) -> list[dict]:
     """The specs of the sweep's runs, each with its fingerprinted folder.
 
+    iterations: each run's budget (default: the preset's grpo_iterations, the protocol's 100)
     start_file: one model every run starts from (tests); else each run's step in `starts`
     (`load_starts`; default "warm_start"), checked finished."""
     from . import reward_model
     from .config import get_preset
 
     config = get_preset(preset)
+    iterations = config.grpo_iterations if iterations is None else iterations
     root = Path(root) if root is not None else REPO_ROOT / "runs" / preset / "sweep"
     specs = []
     for name, variant in runs:

@@ -89,3 +89,22 @@ def test_resolve_adds_the_length_penalty_only_when_asked():
     assert variants.resolve(Variant(length_penalty=0.5)).optimised_reward is not variants.verifier_reward
     assert variants.resolve(Variant()).identity == {}
     assert variants.resolve(Variant(kl="none")).identity == {"variant": Variant(kl="none").to_dict()}
+
+
+def test_a_learned_reward_needs_its_verifier_passed_in_and_only_it_takes_one():
+    from labkit import grpo, models
+    from labkit.config import TINY
+
+    tokenizer = models.load_tiny_tokenizer()
+    model, reference = models.new_tiny_model(0, tokenizer), models.new_tiny_model(0, tokenizer)
+    start = dict(start_label="test", sampler="reference", device="cpu")
+    with pytest.raises(ValueError, match="reward 'learned' needs the learned verifier: pass learned_verifier="):
+        grpo.new_loop(TINY, 2, 1, model, reference, tokenizer, "digest", variant=Variant(reward="learned"), **start)
+    with pytest.raises(ValueError, match="reward 'verifier' takes no learned verifier"):
+        grpo.new_loop(TINY, 2, 1, model, reference, tokenizer, "digest", learned_verifier=object(), **start)
+    loop = grpo.new_loop(TINY, 2, 1, model, reference, tokenizer, "digest", variant=Variant(kl="none"), **start)
+    assert loop.resolved.kl_term is variants.no_kl_term and loop.reward_generator is None
+    assert loop.identity["variant"] == Variant(kl="none").to_dict()
+    loop = grpo.new_loop(TINY, 2, 1, model, reference, tokenizer, "digest",
+                         variant=Variant(reward="random", random_reward_p=0.5), **start)
+    assert loop.reward_generator is not None and "reward" in loop.generators  # saved in every state

@@ -30,11 +30,11 @@ import contextlib
 import os
 import statistics
 import time
-from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 
+from .. import memory
 from ..losses import exact_prefix_kl
 
 QWEN_VOCAB = 151_936
@@ -103,23 +103,10 @@ def peak_allocated_bytes(kl_fn, logits_cur, logits_ref) -> int | None:
     return peak
 
 
-def _status_kib(field: str) -> int:
-    for line in Path("/proc/self/status").read_text().splitlines():
-        if line.startswith(field + ":"):
-            return int(line.split()[1])
-    raise KeyError(field)
-
-
 def peak_rss_delta_bytes(kl_fn, logits_cur, logits_ref) -> int | None:
     """Peak resident set size above the current one during forward + backward (Linux)."""
     logits_cur.grad = None
-    try:
-        Path("/proc/self/clear_refs").write_text("5")  # resets VmHWM to the current VmRSS
-        before = _status_kib("VmRSS")
-    except (OSError, KeyError):
-        return None
-    kl_fn(logits_cur, logits_ref).sum().backward()
-    return (_status_kib("VmHWM") - before) * 1024
+    return memory.peak_rss_delta_bytes(lambda: kl_fn(logits_cur, logits_ref).sum().backward())
 
 
 def agreement(methods: dict, logits_cur: torch.Tensor, logits_ref: torch.Tensor) -> tuple[float, float, dict, float]:

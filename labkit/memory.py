@@ -1,0 +1,67 @@
+"""The process's memory, measured one way for the whole lab: peak resident set on the host (Linux's
+VmHWM, resettable; getrusage's maxrss elsewhere) and peak allocation on CUDA.
+
+`python -m labkit smoke` measures each stage with these, and `labkit.bench.kl` the KL's forward
+and backward.  (The evaluation's costs.json still reads getrusage itself: `labkit.evaluate` is an
+input of the cached run, and moving it onto this module waits for the cache's next rebuild.)
+"""
+
+from __future__ import annotations
+
+import sys
+
+
+def status_kib(field_name: str) -> int | None:
+    """A /proc/self/status field in KiB (Linux), else None."""
+    try:
+        with open("/proc/self/status", encoding="ascii") as f:
+            for line in f:
+                if line.startswith(field_name + ":"):
+                    return int(line.split()[1])
+    except OSError:
+        return None
+    return None
+
+
+def meminfo_bytes(field_name: str) -> int | None:
+    """A /proc/meminfo field in bytes (Linux), else None."""
+    try:
+        with open("/proc/meminfo", encoding="ascii") as f:
+            for line in f:
+                if line.startswith(field_name + ":"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        return None
+    return None
+
+
+def reset_host_peak() -> bool:
+    """Reset the process's peak RSS (Linux >= 4.0: write 5 to /proc/self/clear_refs); False where impossible."""
+    try:
+        with open("/proc/self/clear_refs", "w", encoding="ascii") as f:
+            f.write("5")
+        return True
+    except OSError:
+        return False
+
+
+def host_peak_bytes() -> int:
+    """The process's peak resident set: VmHWM where Linux has it, else getrusage's maxrss."""
+    kib = status_kib("VmHWM")
+    if kib is not None:
+        return kib * 1024
+    import resource
+
+    scale = 1 if sys.platform == "darwin" else 1024  # macOS reports bytes, Linux KiB
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * scale
+
+
+def peak_rss_delta_bytes(work) -> int | None:
+    """Peak resident set above the current one while `work()` runs (Linux), else None."""
+    if not reset_host_peak():
+        return None
+    before = status_kib("VmRSS")
+    if before is None:
+        return None
+    work()
+    return host_peak_bytes() - before * 1024
