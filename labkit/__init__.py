@@ -1,10 +1,26 @@
 """labkit: the small library behind the GRPO course lab.
 
-Modules, in the order the chapters use them:
-    task      StockArithmetic-v1: problems, solver, statements, splits
-    data      the committed data files and phase separation
-    verifier  parse and score a response; the exact reasons it is invalid
-    runs      run folders, manifests, atomic writes, digests
+Its modules sit on eight floors; each imports only from its own floor and the floors below it
+(tests/test_layers.py checks it, and `python tests/test_layers.py` prints the graph):
+
+    1 records:     runs (run folders, manifests, atomic writes, digests), cache (what made each cached
+                   step), state (resumable states), runtime (seeds, determinism, environment), memory
+    2 task:        task (StockArithmetic-v1: problems, solver, statements, splits), data (the committed
+                   data files, phases kept apart), verifier (parse and score a response, with the exact
+                   reason it is invalid), tokenizer, config (one typed config per preset)
+    3 maths:       losses (advantages, clipped surrogate, exact KL, reductions), schedule (learning
+                   rates and the one update step), variants (the objective's switches, as tables),
+                   metrics (every logged name, documented once)
+    4 model:       models (load, build, digest), scoring (prompts, batches, log-probs), shared_prompt,
+                   sampling and static_sampler (the two samplers), resume (the exact-resume check)
+    5 evaluation:  evaluate (the policy, not its best sample), paired (paired tests), agreement
+                   (reference vs fast sampler), difficulty, baselines, checkpoint_curves
+    6 learning:    corpus, pretrain and answer_phase (the tiny base), format_base, sft (warm start and
+                   SFT), grpo (the loop)
+    7 studies:     group_size (chapter 8), larger_run, reward_model and overoptimisation (chapter 10),
+                   overoptimisation_summary, sweep (chapter 9's variants), tuning (the tiny rates)
+    8 book:        plots, plots_results, knobs, narrative, results_page, student, book, exercises,
+                   bench, smoke, pipeline, cli
 """
 
 __version__ = "0.1.0"
