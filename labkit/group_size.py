@@ -30,7 +30,7 @@ import torch
 
 from . import grpo, losses
 from .losses import zero_signal_fraction
-from .config import SEED_OFFSETS, PresetConfig, get_preset
+from .config import QWEN, SEED_OFFSETS, PresetConfig, get_preset
 from .runs import (REPO_ROOT, RunExistsError, display_path, dumps_json, is_finished, mark_finished, read_json, sha256_bytes,
                    sha256_file, write_json)
 
@@ -38,7 +38,7 @@ BRANCH_GROUP_SIZES = (2, 8)
 BRANCH_ITERATIONS = 20
 RESUME_STOP_AT = 8  # the branches' resume boundary: stop after iteration 8 of 20
 MAIN_POLICIES = ("warm_start", "sft", "grpo")
-MAIN_GROUP_SIZE = 4
+MAIN_GROUP_SIZE = QWEN.group_size  # the main run's G: every preset's config.group_size
 # Seeds of the warm start's validation draws (the p of section 4), apart from every other stream.
 VALIDATION_DRAW_SEED_OFFSET = SEED_OFFSETS["group_size_validation_draws"]
 
@@ -48,8 +48,9 @@ def runs_root_of(preset: str) -> Path:
 
 
 def branch_dir(runs_root: str | Path, group_size: int) -> Path:
-    """runs/<preset>/grpo_g<G> (grpo for G=4, the main run), as `grpo.default_run_dir` names them."""
-    return Path(runs_root) / grpo.default_run_dir("any", group_size).name
+    """runs/<preset>/grpo_g<G> (grpo for G=4, the main run), as `grpo.default_run_dir` names them (the
+    name depends on G alone: every preset's G is 4)."""
+    return Path(runs_root) / grpo.default_run_dir(QWEN.name, group_size).name
 
 
 # -- 1. Constant groups, with constructed rewards --------------------------------------------
