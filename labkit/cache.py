@@ -62,7 +62,7 @@ class Step:
 
 STEPS = (
     Step("base", "base", ("labkit/task.py", "labkit/corpus.py", "labkit/pretrain.py", "labkit/answer_phase.py",
-                          "labkit/schedule.py", "labkit/assets/tiny/tokenizer.json")),
+                          "labkit/assets/tiny/tokenizer.json")),
     Step("warm_start", "warm_start", (*LEARNING_CODE, "labkit/sft.py", "labkit/agreement.py", "labkit/evaluate.py",
                                       "labkit/metrics.py", *DATA_FILES),
          ("base/model.safetensors",),
