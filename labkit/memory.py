@@ -11,10 +11,10 @@ from __future__ import annotations
 import sys
 
 
-def status_kib(field_name: str) -> int | None:
-    """A /proc/self/status field in KiB (Linux), else None."""
+def _proc_field_kib(path: str, field_name: str) -> int | None:
+    """A "Name:  value kB" field of a /proc file, in KiB (Linux), else None."""
     try:
-        with open("/proc/self/status", encoding="ascii") as f:
+        with open(path, encoding="ascii") as f:
             for line in f:
                 if line.startswith(field_name + ":"):
                     return int(line.split()[1])
@@ -23,16 +23,15 @@ def status_kib(field_name: str) -> int | None:
     return None
 
 
+def status_kib(field_name: str) -> int | None:
+    """A /proc/self/status field in KiB (Linux), else None."""
+    return _proc_field_kib("/proc/self/status", field_name)
+
+
 def meminfo_bytes(field_name: str) -> int | None:
     """A /proc/meminfo field in bytes (Linux), else None."""
-    try:
-        with open("/proc/meminfo", encoding="ascii") as f:
-            for line in f:
-                if line.startswith(field_name + ":"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        return None
-    return None
+    kib = _proc_field_kib("/proc/meminfo", field_name)
+    return None if kib is None else kib * 1024
 
 
 def reset_host_peak() -> bool:

@@ -600,7 +600,7 @@ def stage_sft_update(s: Smoke, detail: dict) -> None:
     seed_everything(s.config.seed)
     before = models.parameter_digest(s.model)
     with deterministic(s.device):
-        sft.run_epoch(branch, 1, _SilentBar())
+        sft.run_epoch(branch, 1, sft._progress_bar(plan, 0, 1, enabled=False))  # SFT's own bar, silent
     record = branch.history[-1]
     detail.update({k: v for k, v in record.items() if k != "example_ids"})  # sft_update's own history record
     chosen = branch.data_order["permutation"][: branch.data_order["cursor"]]
@@ -608,16 +608,6 @@ def stage_sft_update(s: Smoke, detail: dict) -> None:
                   validation_nll=branch.progress["validation"][-1]["nll"],
                   weights_changed=models.parameter_digest(s.model) != before)
     del branch  # the GRPO run starts a fresh AdamW from the warm-start file
-
-
-class _SilentBar:
-    """The progress bar `sft.run_epoch` updates, silent."""
-
-    def update(self, n: int) -> None:
-        pass
-
-    def set_postfix(self, **kwargs) -> None:
-        pass
 
 
 def stage_warm_start_file(s: Smoke, detail: dict) -> None:
@@ -704,7 +694,7 @@ def stage_grpo_updates(s: Smoke, detail: dict) -> None:
         updates, check = grpo.update_iteration(loop, sampled)
         loop.optimizer.zero_grad(set_to_none=True)  # the gradients are not part of a state
     grpo.record_iteration(loop, 0, sampled, updates, check)
-    lengths = [len(r.response_ids) for r in sampled.rollouts]
+    rows = sampled.rollouts
     detail.update(
         verifier_rewards=rewards.tolist(),
         zero_variance_groups=int(zero_std.sum()),
@@ -712,8 +702,8 @@ def stage_grpo_updates(s: Smoke, detail: dict) -> None:
                                                                      "group: every group had zero variance (random "
                                                                      "weights answer nothing)",
         logprob_check={k: check[k] for k in ("ok", "max_abs_diff", "tol", "tokens")},
-        batch_shape=[len(lengths), max(len(r.prompt_ids) + len(r.response_ids) for r in sampled.rollouts)],
-        logits_shape=[len(lengths), max(lengths), s.model_config.vocab_size],
+        batch_shape=[len(rows), max(len(r.prompt_ids) + len(r.response_ids) for r in rows)],
+        logits_shape=[len(rows), max(len(r.response_ids) for r in rows), s.model_config.vocab_size],
         kl_block_size=config.kl_block_size,
         updates=updates,
         weights_changed=models.parameter_digest(loop.model) != before,
