@@ -9,19 +9,22 @@ from labkit import memory
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="VmHWM and clear_refs are Linux's")
 def test_the_peak_above_now_sees_a_50_mb_buffer_and_resets():
-    """The buffer stays alive until the peak is read: Linux updates VmHWM lazily, so memory already
-    unmapped again may not show in it (the smoke's stages and the bench measure work that holds its
-    memory to the end)."""
+    """A fresh anonymous mapping, every page touched, kept until the peak is read: malloc could hand
+    back memory an earlier test freed and left resident (no growth to see), and Linux updates VmHWM
+    lazily once memory is unmapped again."""
+    import mmap
+
     kept = []
 
     def work():
-        buffer = bytearray(50_000_000)
-        buffer[::4096] = b"x" * len(buffer[::4096])  # touch every page
+        buffer = mmap.mmap(-1, 50_000_000)
+        for offset in range(0, len(buffer), mmap.PAGESIZE):
+            buffer[offset] = 1
         kept.append(buffer)
 
     grown = memory.peak_rss_delta_bytes(work)
     assert grown is not None and 45_000_000 <= grown <= 200_000_000
-    kept.clear()
+    kept.pop().close()
     assert memory.host_peak_bytes() >= memory.status_kib("VmRSS") * 1024
 
 
