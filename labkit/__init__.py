@@ -7,7 +7,8 @@ Its modules sit on eight floors; each imports only from its own floor and the fl
                    step), state (resumable states), runtime (seeds, determinism, environment), memory
     2 task:        task (StockArithmetic-v1: problems, solver, statements, splits), data (the committed
                    data files, phases kept apart), verifier (parse and score a response, with the exact
-                   reason it is invalid), tokenizer, config (one typed config per preset)
+                   reason it is invalid), tokenizer, config (every setting: one typed config per
+                   preset, the other runs' configs, the seeds)
     3 maths:       losses (advantages, clipped surrogate, exact KL, reductions), schedule (learning
                    rates and the one update step), variants (the objective's switches, as tables),
                    metrics (every logged name, documented once)

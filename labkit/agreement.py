@@ -36,7 +36,7 @@ import torch
 from . import data, sampling, scoring
 from .config import QWEN
 from .evaluate import eval_seed
-from .runs import REPO_ROOT, RunExistsError, write_json
+from .runs import REPO_ROOT, RunExistsError, preset_folder, write_json
 
 DRAWS = QWEN.eval_draws  # samples per problem: the evaluation's (config.eval_draws), not a value of its own
 REPORT_NAME = "sampler_agreement.json"
@@ -162,7 +162,7 @@ def default_state(preset: str) -> Path:
 
 
 def report_path(preset: str) -> Path:
-    return REPO_ROOT / "runs" / preset / REPORT_NAME
+    return preset_folder(preset, REPORT_NAME)
 
 
 def run(preset: str = "tiny", state: str | Path | None = None, out: str | Path | None = None, *,

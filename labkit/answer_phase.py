@@ -26,14 +26,15 @@ bit for bit as if the run had not stopped (one thread).
 
 from __future__ import annotations
 
-import math
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from pathlib import Path
 
 import torch
 
 from . import corpus as corpus_mod
+from .config import AnswerPhaseConfig
+from .schedule import lm_update, warmup_cosine
 from .state import load_state, save_state
 
 ANSWER_STATE_KIND = "labkit-pretrain-answer-phase"
@@ -45,36 +46,9 @@ assert "final_stock" not in JSON_KEYS
 KEYED_INSTRUCTION = "Reply with only a JSON object of the form {{\"{key}\": <integer>}}."
 
 
-@dataclass(frozen=True)
-class AnswerPhaseConfig:
-    steps: int = 12000
-    """about 60 minutes on one CPU thread (~0.3 s a step)"""
-    documents_per_step: int = 32
-    peak_lr: float = 2e-3
-    final_lr: float = 4e-4
-    warmup_steps: int = 50
-    weight_decay: float = 0.01
-    beta1: float = 0.9
-    beta2: float = 0.95
-    grad_clip: float = 1.0
-    keyed_share: float = 0.5
-    """share of documents that ask for a JSON object with a named key (the rest: corpus direct answers)"""
-    seed: int = corpus_mod.CORPUS_SEED + 100
-    """seed of this phase's own stream of direct documents (never the corpus phase's)"""
-    probe_seed: int = corpus_mod.CORPUS_SEED + 200
-    """seed of the held-out statements whose exact answers are measured (never trained on)"""
-    probe_documents: int = 512
-    eval_every: int = 500
-    log_every: int = 100
-    state_every_s: float = 180.0
-
-
 def lr_at(step: int, cfg: AnswerPhaseConfig) -> float:
-    """Learning rate of update `step` (0-based): linear warm-up, then cosine from peak_lr to final_lr."""
-    if step < cfg.warmup_steps:
-        return cfg.peak_lr * (step + 1) / cfg.warmup_steps
-    progress = min(1.0, (step - cfg.warmup_steps) / max(1, cfg.steps - cfg.warmup_steps))
-    return cfg.final_lr + (cfg.peak_lr - cfg.final_lr) * 0.5 * (1 + math.cos(math.pi * progress))
+    """Learning rate of update `step` (0-based): `schedule.warmup_cosine` from peak_lr down to final_lr."""
+    return warmup_cosine(step, cfg.steps, cfg.warmup_steps, cfg.peak_lr, floor=cfg.final_lr)
 
 
 def keyed_document(source: corpus_mod.CorpusGenerator) -> corpus_mod.Document:
@@ -158,23 +132,6 @@ def probe_documents(cfg: AnswerPhaseConfig, forbidden: frozenset) -> list[corpus
     return [source.direct() for _ in range(cfg.probe_documents)]
 
 
-def clipped_update(model, optimizer, batch: dict, lr: float, grad_clip: float) -> tuple[float, float]:
-    """One AdamW update of the model's own loss on `batch` (labels -100 are not trained on), at `lr`,
-    with the gradient's norm clipped to `grad_clip`; returns (loss, gradient norm before clipping).
-
-    The one update of every language-model phase: the corpus phase (labkit.pretrain), this
-    answer phase and the format base's continued pretraining (labkit.format_base).
-    """
-    for group in optimizer.param_groups:
-        group["lr"] = lr
-    loss = model(**batch).loss
-    optimizer.zero_grad(set_to_none=True)
-    loss.backward()
-    grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip)
-    optimizer.step()
-    return float(loss.detach()), float(grad_norm)
-
-
 def run_answer_phase(model, tokenizer, cfg: AnswerPhaseConfig, state_dir: Path, *, forbidden: frozenset,
                      minutes_before: float, resume_from: Path | None = None, progress: bool = True,
                      stop_after: int | None = None) -> dict:
@@ -227,7 +184,7 @@ def run_answer_phase(model, tokenizer, cfg: AnswerPhaseConfig, state_dir: Path, 
         documents = [next_document(stream, cfg) for _ in range(cfg.documents_per_step)]
         # none of the 1,400 problems, whatever the generator does
         problems_checked += corpus_mod.check_disjoint(documents, forbidden)
-        loss, _ = clipped_update(model, optimizer, answer_batch(tokenizer, documents), lr_at(step, cfg), cfg.grad_clip)
+        loss, _ = lm_update(model, optimizer, answer_batch(tokenizer, documents), lr_at(step, cfg), cfg.grad_clip)
         window.append(loss)
         done = step + 1
         if done % cfg.log_every == 0 or done == cfg.steps:

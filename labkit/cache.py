@@ -17,7 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from .runs import REPO_ROOT, is_finished, read_json, sha256_file, write_json
+from .runs import REPO_ROOT, is_finished, preset_folder, read_json, sha256_file, write_json
 
 DATA_FILES = tuple(
     f"data/stock_arithmetic_v1/{split}.{kind}.jsonl"
@@ -28,7 +28,8 @@ DATA_FILES = tuple(
 # (tests/test_cache_steps.py checks it), so that no change to the code that made a step goes unseen.
 LEARNING_CODE = ("labkit/config.py", "labkit/data.py", "labkit/scoring.py", "labkit/schedule.py", "labkit/state.py",
                  "labkit/models.py", "labkit/runs.py", "labkit/runtime.py", "labkit/resume.py", "labkit/task.py",
-                 "labkit/tokenizer.py", "labkit/sampling.py", "labkit/static_sampler.py", "labkit/verifier.py")
+                 "labkit/tokenizer.py", "labkit/sampling.py", "labkit/static_sampler.py", "labkit/verifier.py",
+                 "labkit/memory.py")
 ROLLOUT_CODE = ("labkit/losses.py", "labkit/grpo.py", "labkit/checkpoint_curves.py", "labkit/shared_prompt.py",
                 "labkit/variants.py", "labkit/reward_model.py",
                 "labkit/evaluate.py", "labkit/metrics.py")  # reward_model finds its policies with evaluate
@@ -38,9 +39,10 @@ ROLLOUT_CODE = ("labkit/losses.py", "labkit/grpo.py", "labkit/checkpoint_curves.
 BASE_UNRECORDED = ("labkit/config.py", "labkit/models.py", "labkit/runs.py", "labkit/state.py", "labkit/tokenizer.py")
 BASE_UNRECORDED_WHY = (
     "Their versions of 2026-12-01 re-pretrained the base bit for bit (same model.safetensors).  What pretraining "
-    "takes from config.py and models.py is the architecture and its initialisation, and a test checks that "
-    "models.tiny_model_config() still equals the committed base's config.json; runs.py and state.py check, list "
-    "and write files; tokenizer.py loads the recorded tokenizer asset, which is a recorded input.")
+    "takes from config.py and models.py is the architecture, its initialisation and the two phases' settings "
+    "(PretrainConfig, AnswerPhaseConfig, CORPUS_SEED), and tests check that models.tiny_model_config() still "
+    "equals the committed base's config.json and PretrainConfig() its manifest's config; runs.py and state.py "
+    "check, list and write files; tokenizer.py loads the recorded tokenizer asset, which is a recorded input.")
 
 
 @dataclass(frozen=True)
@@ -62,7 +64,7 @@ class Step:
 
 STEPS = (
     Step("base", "base", ("labkit/task.py", "labkit/corpus.py", "labkit/pretrain.py", "labkit/answer_phase.py",
-                          "labkit/assets/tiny/tokenizer.json")),
+                          "labkit/schedule.py", "labkit/assets/tiny/tokenizer.json")),
     Step("warm_start", "warm_start", (*LEARNING_CODE, "labkit/sft.py", "labkit/agreement.py", "labkit/evaluate.py",
                                       "labkit/metrics.py", *DATA_FILES),
          ("base/model.safetensors",),
@@ -103,7 +105,7 @@ def get_step(name: str) -> Step:
 
 
 def runs_dir(preset: str) -> Path:
-    return REPO_ROOT / "runs" / preset
+    return preset_folder(preset)
 
 
 def input_digests(step: Step, preset: str) -> dict[str, str | None]:

@@ -1,8 +1,10 @@
-"""One frozen, typed configuration per preset.
+"""The lab's settings, in one home: one frozen, typed configuration per preset, and the settings of
+the runs that are not a preset's (the tiny base's two phases, the format base, the learned verifier).
 
 Every count, limit, tolerance and batch size of the protocol is a field here, with a one-line
 docstring; both presets share them all except the architecture and the learning rates, and each
-difference is stated here with its reason.  Modules read their defaults from here.
+difference is stated here with its reason.  Modules read their defaults from here, and every
+random stream's seed offset from `SEED_OFFSETS` / `FIXED_SEEDS` / `CORPUS_SEED`.
 """
 
 from __future__ import annotations
@@ -205,6 +207,148 @@ FIXED_SEEDS = {
     "reward_model": 4242,  # labkit.reward_model: the global RNGs before its sampling (each response has its own hashed seed)
     "tuning_validation_draws": 4242,  # labkit.tuning: the validation draws that compare learning rates
 }
+
+
+# --- The settings of the lab's other runs: the tiny base's two phases, the format base, the learned verifier ---
+# (one preset each: the qwen preset starts from the published model and never pretrains.)
+
+# labkit.corpus: the pretraining corpus's document stream; every phase's own stream is an offset of it
+CORPUS_SEED = 31_415
+
+
+@dataclass(frozen=True)
+class AnswerPhaseConfig:
+    """The tiny base's second phase (labkit.answer_phase): statements and their answers, loss on the answers."""
+
+    steps: int = 12000
+    """answer-phase updates: about 50-60 minutes on one CPU thread (~0.25-0.3 s a step)"""
+    documents_per_step: int = 32
+    """statement-and-answer documents per update"""
+    peak_lr: float = 2e-3
+    """the cosine's peak rate (schedule.warmup_cosine)"""
+    final_lr: float = 4e-4
+    """the rate the cosine ends at, at update `steps` (a rate, not a share: see warmup_cosine)"""
+    warmup_steps: int = 50
+    """updates of linear warm-up before the cosine"""
+    weight_decay: float = 0.01
+    """AdamW's decoupled weight decay"""
+    beta1: float = 0.9
+    """AdamW's first-moment decay"""
+    beta2: float = 0.95
+    """AdamW's second-moment decay"""
+    grad_clip: float = 1.0
+    """gradient norm clip of each update"""
+    keyed_share: float = 0.5
+    """share of documents that ask for a JSON object with a named key (the rest: corpus direct answers)"""
+    seed: int = CORPUS_SEED + 100
+    """seed of this phase's own stream of direct documents (never the corpus phase's)"""
+    probe_seed: int = CORPUS_SEED + 200
+    """seed of the held-out statements whose exact answers are measured (never trained on)"""
+    probe_documents: int = 512
+    """held-out statements in the probe"""
+    eval_every: int = 500
+    """updates between two probe measurements (the "eval" rows of log.jsonl)"""
+    log_every: int = 100
+    """updates between two "train" rows of log.jsonl (the mean loss since the last one)"""
+    state_every_s: float = 180.0
+    """seconds between two resumable states"""
+
+
+@dataclass(frozen=True)
+class PretrainConfig:
+    """The tiny base's pretraining (labkit.pretrain): the corpus phase, then `answer`, the answer phase."""
+
+    seed: int = 0
+    """initialises the model (the corpus has its own seed)"""
+    corpus_seed: int = CORPUS_SEED
+    """seeds the corpus's document stream (labkit.corpus)"""
+    steps: int = 12000
+    """corpus-phase updates: about 30-40 minutes on one CPU thread (~0.16-0.2 s a step)"""
+    rows_per_step: int = 4
+    """packed rows per update"""
+    row_tokens: int = 256
+    """4 rows x 256 tokens = 1,024 token slots per update: more updates for the same compute"""
+    peak_lr: float = 3e-3
+    """the cosine's peak rate (schedule.warmup_cosine)"""
+    warmup_steps: int = 200
+    """updates of linear warm-up before the cosine"""
+    final_lr_fraction: float = 0.1
+    """the cosine ends at this share of the peak, at update `steps`"""
+    weight_decay: float = 0.01
+    """AdamW's decoupled weight decay"""
+    beta1: float = 0.9
+    """AdamW's first-moment decay"""
+    beta2: float = 0.95
+    """AdamW's second-moment decay (0.95, not 0.999: the usual choice for language-model pretraining)"""
+    grad_clip: float = 1.0
+    """gradient norm clip of each update"""
+    log_every: int = 100
+    """updates between two lines of corpus_log.jsonl (the mean loss since the last one)"""
+    heldout_every: int = 1000
+    """updates between two held-out measurements (loss and answer accuracy)"""
+    heldout_rows: int = 16
+    """packed rows of the held-out stream scored at each measurement"""
+    heldout_seed: int = CORPUS_SEED + 1
+    """a second stream of the same corpus (also free of dataset problems), never trained on"""
+    probe_documents: int = 256
+    """held-out direct answers (from seed heldout_seed + 1) whose teacher-forced accuracy is logged"""
+    threads: int = 1
+    """torch CPU threads: 1 makes the pretraining deterministic (and the committed base reproducible)"""
+    answer: AnswerPhaseConfig = AnswerPhaseConfig()
+    """the second phase (labkit.answer_phase): dense answer-only practice on statements"""
+
+
+@dataclass(frozen=True)
+class FormatBaseConfig:
+    """The continued pretraining that seeds the lab's format into the base."""
+
+    max_steps: int = 400
+    """at most this many updates of `documents_per_step` documents"""
+    stop_at_valid_share: float = 0.05
+    """stop at the first measurement where this share of answers is valid lab format: rare, not absent"""
+    documents_per_step: int = 32
+    """documents per update (the answer phase's count)"""
+    lab_format_share: float = 0.02
+    """share of documents in the lab's exact prompt and answer format"""
+    keyed_share: float = 0.5
+    """of the other documents, the share with another JSON key (the answer phase's mix)"""
+    lr: float = 2e-5
+    """constant and low: at 4e-4 (the answer phase's last) 2% of documents taught the format to 97% of
+    answers within 50 updates, which is a base that already has the behaviour, not one that rarely shows it"""
+    weight_decay: float = 0.01
+    """AdamW's decoupled weight decay (the base's pretraining value)"""
+    beta1: float = 0.9
+    """AdamW's first-moment decay (the base's pretraining value)"""
+    beta2: float = 0.95
+    """AdamW's second-moment decay (the base's pretraining value)"""
+    grad_clip: float = 1.0
+    """gradient norm clip of each update"""
+    seed: int = CORPUS_SEED + 300
+    """this phase's own document stream (never the corpus or answer phases' seeds)"""
+    measure_every: int = 10
+    """updates between two measurements of the valid-format share (the stopping rule reads them)"""
+    measure_draws: int = 4
+    """temperature-1 answers per validation problem at each measurement"""
+    log_every: int = 10
+    """updates between two lines of the log"""
+
+
+@dataclass(frozen=True)
+class RewardModelConfig:
+    """How the learned verifier is made (the same for every preset; tiny is the one cached)."""
+
+    draws_per_problem: int = 2
+    """temperature-1 responses per train problem and policy (2 x 1,000 x 2 policies = 4,000)"""
+    held_out_share: float = 0.2
+    """share of train problems whose responses are kept for measuring precision and recall"""
+    l2: float = 1e-3
+    """penalty on the weights (not the bias) of the logistic regression, per response"""
+    newton_steps: int = 50
+    """at most this many Newton steps; it stops when a step moves the parameters by < 1e-12"""
+    threshold: float = 0.5
+    """p(correct) at or above which the proxy says 1"""
+    seed: int = FIXED_SEEDS["reward_model"]
+    """seeds the global RNGs before sampling (each response's own seed is `sample_seed`'s)"""
 
 
 def get_preset(name: str) -> PresetConfig:

@@ -30,9 +30,9 @@ from dataclasses import dataclass, field
 from typing import Iterator
 
 from . import task
+from .config import CORPUS_SEED
 from .tokenizer import ENDOFTEXT
 
-CORPUS_SEED = 31_415
 CORPUS_NAME = "tiny-pretraining-corpus-v1"
 
 # (instruction, answer format).  Never the lab's FORMAT_INSTRUCTION, never the key

@@ -57,18 +57,16 @@ evidence and is never overwritten unless `overwrite=True`.
 from __future__ import annotations
 
 import math
-import sys
 import time
 from collections import Counter
 from fractions import Fraction
 from pathlib import Path
 
-import torch
 
-from . import data, metrics, runtime, scoring, verifier
+from . import data, memory, metrics, runtime, scoring, verifier
 from .config import QWEN, get_preset
-from .runs import (FINISHED_MARKER, REPO_ROOT, display_path, dumps_json, ensure_not_finished, is_finished, mark_finished,
-                   read_json, read_jsonl, sha256_file, write_json, write_jsonl)
+from .runs import (FINISHED_MARKER, REPO_ROOT, display_path, dumps_json, ensure_not_finished, is_finished,
+                   mark_finished, preset_folder, read_json, read_jsonl, sha256_file, write_json, write_jsonl)
 
 POLICIES = ("warm_start", "sft", "grpo", "grpo_g2", "grpo_g8")
 MODES = ("greedy", "sample")
@@ -150,14 +148,14 @@ def evaluation_root(preset: str, limit: int | None = None) -> Path:
     A trial on `limit` problems per population goes to evaluation/trials/limit-<N>/,
     never beside the real evaluation (still under `evaluation/`, so learning cannot read it).
     """
-    root = REPO_ROOT / "runs" / preset / "evaluation"
+    root = preset_folder(preset, "evaluation")
     return root if limit is None else root / "trials" / f"limit-{limit}"
 
 
 def policy_state_file(preset: str, policy: str) -> Path:
     """The final model of a finished training run: runs/<preset>/<policy>/model.safetensors."""
     check_policy(policy)
-    run_dir = REPO_ROOT / "runs" / preset / policy
+    run_dir = preset_folder(preset, policy)
     if not is_finished(run_dir):
         raise FileNotFoundError(f"policy {policy!r} has no finished run at {run_dir}; train it first "
                                 "(final states are fixed before the test is run)")
@@ -175,27 +173,6 @@ def check_policy(policy: str, *, explicit: bool = False) -> None:
 
 
 # --- 3. Inference -------------------------------------------------------------------------------
-
-
-def _reset_peak_memory(device: str) -> None:
-    if device.startswith("cuda"):
-        torch.cuda.reset_peak_memory_stats(device)
-
-
-def _peak_memory(device: str) -> tuple[int, str]:
-    """(bytes, what they measure): CUDA's peak allocation since the reset, or the process's peak RSS."""
-    if device.startswith("cuda"):
-        torch.cuda.synchronize(device)
-        return int(torch.cuda.max_memory_allocated(device)), "torch.cuda.max_memory_allocated, reset per mode"
-    try:
-        import resource
-    except ImportError:  # Windows has no `resource` module (the lab runs there under WSL)
-        return 0, "not measured: this platform has no resource module"
-    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    # Linux reports KiB, macOS bytes.  The CPU peak cannot be reset: it is the process's
-    # peak so far, which includes everything loaded before this mode.
-    scale = 1 if sys.platform == "darwin" else 1024
-    return int(rss) * scale, "resource.getrusage max RSS of the process so far (CPU; not reset per mode)"
 
 
 def prediction_rows(rollouts, statements: list[dict], mode: str, draws: int) -> list[dict]:
@@ -296,12 +273,12 @@ def run_inference(preset: str, policy: str, *, state_file: str | Path | None = N
     with runtime.deterministic(device, warn_only=True):
         env = {**runtime.environment(device), "deterministic_algorithms": "warn_only"}
         for mode in MODES:
-            _reset_peak_memory(device)
+            was_reset = memory.reset_peak(device)
             start = time.perf_counter()
             rows[mode] = generate_predictions(model, tokenizer, statements, mode, sampler=sampler, draws=draws,
                                               max_new_tokens=max_new_tokens, batch_size=batch_size,
                                               policy_digest=digest)
-            peak, peak_kind = _peak_memory(device)
+            peak, peak_kind = memory.peak(device, was_reset)
             seconds = time.perf_counter() - start
             tokens = sum(r["response_tokens"] for r in rows[mode])
             costs[mode] = {"seconds": seconds, "responses": len(rows[mode]), "generated_tokens": tokens,
@@ -355,7 +332,7 @@ def run_evaluations(preset: str, policy: str = "all", **kwargs) -> list[tuple[st
     out = []
     root = Path(kwargs.get("eval_root") or evaluation_root(preset, kwargs.get("limit")))
     for name in POLICIES:
-        if not is_finished(REPO_ROOT / "runs" / preset / name):
+        if not is_finished(preset_folder(preset, name)):
             out.append((name, "no run"))
         elif is_finished(root / name) and not kwargs.get("overwrite", False):
             out.append((name, "kept"))

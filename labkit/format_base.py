@@ -26,54 +26,20 @@ Files: `model.safetensors` (digest recorded), `log.json` (loss and measurements)
 from __future__ import annotations
 
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from pathlib import Path
 
 import torch
 
 from . import answer_phase, data, models, sampling, scoring, task
 from . import corpus as corpus_mod
-from .runs import REPO_ROOT, RunFolder, read_json, write_json
+from .config import FormatBaseConfig
+from .runs import REPO_ROOT, RunFolder, preset_folder, read_json, write_json
 from .runtime import code_digests, deterministic, environment, hashed_seed, seed_everything
 from .schedule import lm_update
 
 MODEL_FILE = "model.safetensors"
 POLICY_NAME = "format_base"
-
-
-@dataclass(frozen=True)
-class FormatBaseConfig:
-    """The continued pretraining that seeds the lab's format into the base."""
-
-    max_steps: int = 400
-    """at most this many updates of `documents_per_step` documents"""
-    stop_at_valid_share: float = 0.05
-    """stop at the first measurement where this share of answers is valid lab format: rare, not absent"""
-    documents_per_step: int = 32
-    """documents per update (the answer phase's count)"""
-    lab_format_share: float = 0.02
-    """share of documents in the lab's exact prompt and answer format"""
-    keyed_share: float = 0.5
-    """of the other documents, the share with another JSON key (the answer phase's mix)"""
-    lr: float = 2e-5
-    """constant and low: at 4e-4 (the answer phase's last) 2% of documents taught the format to 97% of
-    answers within 50 updates, which is a base that already has the behaviour, not one that rarely shows it"""
-    weight_decay: float = 0.01
-    """AdamW's decoupled weight decay (the base's pretraining value)"""
-    beta1: float = 0.9
-    """AdamW's first-moment decay (the base's pretraining value)"""
-    beta2: float = 0.95
-    """AdamW's second-moment decay (the base's pretraining value)"""
-    grad_clip: float = 1.0
-    """gradient norm clip of each update"""
-    seed: int = corpus_mod.CORPUS_SEED + 300
-    """this phase's own document stream (never the corpus or answer phases' seeds)"""
-    measure_every: int = 10
-    """updates between two measurements of the valid-format share (the stopping rule reads them)"""
-    measure_draws: int = 4
-    """temperature-1 answers per validation problem at each measurement"""
-    log_every: int = 10
-    """updates between two lines of the log"""
 
 
 def lab_format_document(source: corpus_mod.CorpusGenerator) -> corpus_mod.Document:
@@ -158,7 +124,7 @@ def train(model, tokenizer, cfg: FormatBaseConfig, problems: list[dict], progres
 
 
 def default_run_dir(preset: str) -> Path:
-    return REPO_ROOT / "runs" / preset / "format_base"
+    return preset_folder(preset, "format_base")
 
 
 def run_format_base(preset: str = "tiny", run_dir: str | Path | None = None, *, cfg: FormatBaseConfig | None = None,

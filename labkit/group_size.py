@@ -31,8 +31,8 @@ import torch
 from . import grpo, losses
 from .losses import zero_signal_fraction
 from .config import QWEN, SEED_OFFSETS, PresetConfig, get_preset
-from .runs import (REPO_ROOT, RunExistsError, display_path, dumps_json, is_finished, mark_finished, read_json, sha256_bytes,
-                   sha256_file, write_json)
+from .runs import (REPO_ROOT, RunExistsError, display_path, dumps_json, is_finished, mark_finished, preset_folder,
+                   read_json, sha256_bytes, sha256_file, write_json)
 
 BRANCH_GROUP_SIZES = (2, 8)
 BRANCH_ITERATIONS = 20
@@ -44,7 +44,7 @@ VALIDATION_DRAW_SEED_OFFSET = SEED_OFFSETS["group_size_validation_draws"]
 
 
 def runs_root_of(preset: str) -> Path:
-    return REPO_ROOT / "runs" / preset
+    return preset_folder(preset)
 
 
 def branch_dir(runs_root: str | Path, group_size: int) -> Path:

@@ -40,8 +40,8 @@ import torch
 
 from . import checkpoint_curves, data, losses, models, sampling, scoring, shared_prompt, state as state_lib, task
 from .config import SEED_OFFSETS, PresetConfig, get_preset
-from .runs import (REPO_ROOT, ArtifactError, RunFolder, UnfinishedRunError, display_path, is_finished, read_json,
-                   run_path, same_folder, write_json)
+from .runs import (REPO_ROOT, ArtifactError, RunFolder, UnfinishedRunError, display_path, is_finished, preset_folder,
+                   read_json, run_path, same_folder, write_json)
 from .schedule import clipped_step, warmup_linear_decay
 from .variants import Resolved, Variant, resolve
 
@@ -237,13 +237,15 @@ def grpo_loss(logp_cur: torch.Tensor, logits_cur: torch.Tensor, reference: tuple
 def grpo_update(model, optimizer, batch: scoring.Batch, old_logprobs: torch.Tensor | None,
                 advantages: torch.Tensor | None, reference: tuple[torch.Tensor, torch.Tensor], lr: float, *,
                 group_size: int, config: PresetConfig, before_step=None, variant: Variant = PROTOCOL,
-                score=None) -> dict:
+                score=None, resolved: Resolved | None = None) -> dict:
     """One AdamW update of the variant's loss (`objective_loss`) at learning rate `lr`, gradient norm
     clipped (`schedule.clipped_step`); returns its metrics.
 
     One forward of the current policy (`score`: a scorer of the batch, default `plain_scorer`).
     `before_step(logp_cur)` (detached, (B, R)) runs after it and before anything changes the
     weights: the loop passes the pre-update check there, so the check costs no forward of its own.
+    resolved: `variant` looked up in `labkit.variants`' tables (the loop passes the one it holds;
+    default: looked up here).
     """
     device = next(model.parameters()).device
     optimizer.zero_grad(set_to_none=True)
@@ -253,7 +255,8 @@ def grpo_update(model, optimizer, batch: scoring.Batch, old_logprobs: torch.Tens
     mask = batch.response_mask.to(device)
     to_device = lambda t: None if t is None else t.to(device)  # noqa: E731  (RFT and SFT have neither)
     loss, metrics = objective_loss(logp_cur, logits_cur, reference, mask, to_device(old_logprobs),
-                                   to_device(advantages), group_size, config, resolve(variant), variant.reduction)
+                                   to_device(advantages), group_size, config, resolved or resolve(variant),
+                                   variant.reduction)
     grad_norm = clipped_step(optimizer, loss, lr, config.grad_clip)
     return {**metrics, "grad_norm": grad_norm, "learning_rate": lr}
 
@@ -264,7 +267,7 @@ def grpo_update(model, optimizer, batch: scoring.Batch, old_logprobs: torch.Tens
 def default_run_dir(preset: str, group_size: int) -> Path:
     """runs/<preset>/grpo for the preset's own group size, runs/<preset>/grpo_g<G> for another."""
     name = "grpo" if group_size == get_preset(preset).group_size else f"grpo_g{group_size}"
-    return REPO_ROOT / "runs" / preset / name
+    return preset_folder(preset, name)
 
 
 def state_path(run_dir: Path, iteration: int) -> Path:
@@ -272,7 +275,7 @@ def state_path(run_dir: Path, iteration: int) -> Path:
 
 
 def warm_start_file(preset: str) -> Path:
-    warm = REPO_ROOT / "runs" / preset / "warm_start"
+    warm = preset_folder(preset, "warm_start")
     if not is_finished(warm):
         raise FileNotFoundError(f"GRPO starts from the warm start, but {warm} is not a finished run; "
                                 f"run `python -m labkit warm-start --preset {preset}` first")
@@ -326,10 +329,10 @@ class Loop:
     history: list[dict] = field(default_factory=list)
     consumed: list[str] = field(default_factory=list)
     next_update: int = 0
-    resolved: Resolved = field(init=False)  # the variant looked up in labkit.variants' tables, once
+    resolved: Resolved | None = None  # the variant looked up in labkit.variants' tables, once (new_loop's)
 
     def __post_init__(self):
-        self.resolved = resolve(self.variant)
+        self.resolved = self.resolved or resolve(self.variant)
 
     @property
     def generators(self) -> dict[str, torch.Generator]:
@@ -409,7 +412,7 @@ def new_loop(config: PresetConfig, G: int, total_iterations: int, model, referen
                 updates_per_iteration=updates, shared_prompts=shared_prompts,
                 reward_generator=(torch.Generator().manual_seed(config.seed + REWARD_SEED_OFFSET)
                                   if resolved.reward.needs_generator else None),
-                learned_verifier=learned_verifier)
+                learned_verifier=learned_verifier, resolved=resolved)
 
 
 def start_loop(config: PresetConfig, G: int, total_iterations: int, start_file: Path, sampler: str,
@@ -457,6 +460,13 @@ def optimised_rewards(groups: list[sampling.Group], loop: Loop) -> torch.Tensor:
     return loop.resolved.optimised_reward(groups, loop)
 
 
+def advantages_of(loop: Loop, optimised: torch.Tensor) -> torch.Tensor:
+    """(P x G,) prompt-major: the group advantages of the optimised rewards (P, G), as the loop's
+    variant scales them."""
+    return losses.group_advantages(optimised, eps=loop.config.advantage_eps,
+                                   scale_by_std=loop.variant.scale_by_std).reshape(-1)
+
+
 def sample_iteration(loop: Loop, iteration: int, sampler: str, chosen: list[dict] | None = None,
                      seeds: list[int] | None = None) -> Sampled:
     """Stages 1-3: the next P prompts, G responses each by the old policy (= the current one now),
@@ -471,9 +481,8 @@ def sample_iteration(loop: Loop, iteration: int, sampler: str, chosen: list[dict
                            config.max_response_tokens)
     seconds = time.perf_counter() - t0
     optimised = optimised_rewards(groups, loop)  # (P, G)
-    advantages = losses.group_advantages(optimised, eps=config.advantage_eps,
-                                         scale_by_std=loop.variant.scale_by_std).reshape(-1)  # (P x G,)
-    sampled = Sampled(chosen=chosen, groups=groups, optimised=optimised, advantages=advantages, seconds=seconds)
+    sampled = Sampled(chosen=chosen, groups=groups, optimised=optimised, advantages=advantages_of(loop, optimised),
+                      seconds=seconds)
     repeated = set(loop.consumed).intersection(r.rollout_id for r in sampled.rollouts)
     if repeated:
         raise RuntimeError(f"rollouts {sorted(repeated)} were already optimised; a rollout is used once")
@@ -542,7 +551,7 @@ def update_iteration(loop: Loop, s: Sampled) -> tuple[list[dict], dict]:
             updates.append(grpo_update(loop.model, loop.optimizer, batch, old, s.advantages, reference, lr,
                                        group_size=G, config=config,
                                        before_step=pre_update_check if k == 0 and on_rollouts else None,
-                                       variant=loop.variant, score=score))
+                                       variant=loop.variant, score=score, resolved=loop.resolved))
             loop.next_update += 1
     else:  # RFT with no correct response this iteration: nothing to learn from, no update
         loop.next_update += loop.updates_per_iteration

@@ -28,7 +28,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from .config import PresetConfig, get_preset
-from .runs import REPO_ROOT, RunFolder
+from .runs import RunFolder, preset_folder
 
 # The rate and length, chosen on the VALIDATION split (never the test split).  Each trial is a
 # full run of this loop from the warm start (32 prompts x G = 8 unless said), measured at its end
@@ -68,7 +68,7 @@ def larger_config(preset: str = "tiny") -> PresetConfig:
 
 
 def run_dir(preset: str = "tiny") -> Path:
-    return REPO_ROOT / "runs" / preset / "grpo_large"
+    return preset_folder(preset, "grpo_large")
 
 
 def evaluation_root(preset: str = "tiny") -> Path:
@@ -83,7 +83,7 @@ def pass_at_k_root(preset: str = "tiny") -> Path:
 
 def policy_file(preset: str, policy: str) -> Path:
     """The model file of a pass@k policy: the warm start's, or this run's."""
-    folder = RunFolder(run_dir(preset) if policy == "grpo_large" else REPO_ROOT / "runs" / preset / policy)
+    folder = RunFolder(run_dir(preset) if policy == "grpo_large" else preset_folder(preset, policy))
     if not folder.is_finished():
         raise FileNotFoundError(f"{folder} is not a finished run; build it first (`python -m labkit grpo-large`)")
     return folder / "model.safetensors"

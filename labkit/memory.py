@@ -1,9 +1,8 @@
 """The process's memory, measured one way for the whole lab: peak resident set on the host (Linux's
 VmHWM, resettable; getrusage's maxrss elsewhere) and peak allocation on CUDA.
 
-`python -m labkit smoke` measures each stage with these, and `labkit.bench.kl` the KL's forward
-and backward.  (The evaluation's costs.json still reads getrusage itself: `labkit.evaluate` is an
-input of the cached run, and moving it onto this module waits for the cache's next rebuild.)
+`python -m labkit smoke` measures each stage with these, `labkit.bench.kl` the KL's forward and
+backward, and `labkit.evaluate` each decoding mode (`reset_peak` / `peak`).
 """
 
 from __future__ import annotations
@@ -49,8 +48,10 @@ def host_peak_bytes() -> int:
     kib = status_kib("VmHWM")
     if kib is not None:
         return kib * 1024
-    import resource
-
+    try:
+        import resource
+    except ImportError:  # Windows has no `resource` module (the lab runs there under WSL)
+        return 0
     scale = 1 if sys.platform == "darwin" else 1024  # macOS reports bytes, Linux KiB
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * scale
 
@@ -64,3 +65,27 @@ def peak_rss_delta_bytes(work) -> int | None:
         return None
     work()
     return host_peak_bytes() - before * 1024
+
+
+def reset_peak(device: str) -> bool:
+    """Start a new peak: CUDA's allocation peak, or the process's peak RSS (where Linux can reset it).
+    Returns whether the peak now counts from here."""
+    if device.startswith("cuda"):
+        import torch
+
+        torch.cuda.reset_peak_memory_stats(device)
+        return True
+    return reset_host_peak()
+
+
+def peak(device: str, was_reset: bool) -> tuple[int, str]:
+    """(bytes, what they measure) since `reset_peak(device)` returned `was_reset`: CUDA's peak
+    allocation, or the process's peak resident set (its peak so far where it could not be reset)."""
+    if device.startswith("cuda"):
+        import torch
+
+        torch.cuda.synchronize(device)
+        return int(torch.cuda.max_memory_allocated(device)), "torch.cuda.max_memory_allocated, reset per mode"
+    if was_reset:
+        return host_peak_bytes(), "peak RSS of the process (VmHWM), reset per mode (CPU)"
+    return host_peak_bytes(), "peak RSS of the process so far (CPU; not reset per mode)"

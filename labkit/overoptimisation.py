@@ -61,7 +61,8 @@ import torch
 
 from . import data, grpo, losses, models, reward_model, sampling, scoring
 from .larger_run import larger_config
-from .runs import REPO_ROOT, ArtifactError, RunFolder, read_json, read_jsonl, sha256_file, write_json, write_jsonl
+from .runs import (REPO_ROOT, ArtifactError, RunFolder, preset_folder, read_json, read_jsonl, sha256_file, write_json,
+                   write_jsonl)
 from .runtime import code_digests, data_digests, deterministic, environment, hashed_seed
 from .variants import Variant
 from .verifier import score
@@ -124,7 +125,7 @@ def get_setting(name: str) -> Setting:
 
 
 def root(preset: str = "tiny") -> Path:
-    return REPO_ROOT / "runs" / preset / "overoptimisation"
+    return preset_folder(preset, "overoptimisation")
 
 
 def judge_file(preset: str, judge: str) -> Path:

@@ -29,60 +29,28 @@ Everything is deterministic from the two seeds on one CPU thread.
 
 from __future__ import annotations
 
-import math
 import platform
 import time
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Iterable, Iterator
 
 import torch
 
 from . import corpus as corpus_mod
-from .answer_phase import AnswerPhaseConfig, clipped_update, run_answer_phase
+from .answer_phase import run_answer_phase
+from .config import AnswerPhaseConfig, PretrainConfig
 from .models import TINY_ARCH, TINY_BASE_DIR, load_state_into, new_tiny_model, parameter_digest, save_model
 from .runs import (FINISHED_MARKER, atomic_write_text, ensure_not_finished, jsonl_bytes, mark_finished, read_json,
                    sha256_file, write_json)
+from .schedule import lm_update, warmup_cosine
 from .state import load_state, save_state
 from .tokenizer import load_tiny_tokenizer
 
 
-@dataclass(frozen=True)
-class PretrainConfig:
-    seed: int = 0
-    """initialises the model (the corpus has its own seed)"""
-    corpus_seed: int = corpus_mod.CORPUS_SEED
-    steps: int = 12000
-    """about 40 minutes on one CPU thread (~0.2 s a step)"""
-    rows_per_step: int = 4
-    row_tokens: int = 256
-    """4 rows x 256 tokens = 1,024 token slots per update: more updates for the same compute"""
-    peak_lr: float = 3e-3
-    warmup_steps: int = 200
-    final_lr_fraction: float = 0.1
-    weight_decay: float = 0.01
-    beta1: float = 0.9
-    beta2: float = 0.95
-    grad_clip: float = 1.0
-    log_every: int = 100
-    heldout_every: int = 1000
-    heldout_rows: int = 16
-    heldout_seed: int = corpus_mod.CORPUS_SEED + 1
-    """a second stream of the same corpus (also free of dataset problems), never trained on"""
-    probe_documents: int = 256
-    """held-out direct answers (from seed heldout_seed + 1) whose teacher-forced accuracy is logged"""
-    threads: int = 1
-    answer: AnswerPhaseConfig = AnswerPhaseConfig()
-    """the second phase (labkit.answer_phase): dense answer-only practice on statements"""
-
-
 def lr_at(step: int, cfg: PretrainConfig) -> float:
-    """Learning rate of update `step` (0-based): linear warm-up, then cosine down to final_lr_fraction."""
-    if step < cfg.warmup_steps:
-        return cfg.peak_lr * (step + 1) / cfg.warmup_steps
-    progress = (step - cfg.warmup_steps) / max(1, cfg.steps - cfg.warmup_steps)
-    floor = cfg.final_lr_fraction
-    return cfg.peak_lr * (floor + (1 - floor) * 0.5 * (1 + math.cos(math.pi * min(1.0, progress))))
+    """Learning rate of update `step` (0-based): `schedule.warmup_cosine` down to final_lr_fraction x peak."""
+    return warmup_cosine(step, cfg.steps, cfg.warmup_steps, cfg.peak_lr, floor_fraction=cfg.final_lr_fraction)
 
 
 def tokenize_document(tokenizer, doc: corpus_mod.Document) -> tuple[list[int], list[int]]:
@@ -321,7 +289,7 @@ def run_corpus_phase(model, tokenizer, cfg: PretrainConfig, state_dir: Path, *, 
     for step in bar:
         # Stage 3: one update on the next rows_per_step packed rows.
         batch = batch_tensors([next(rows) for _ in range(cfg.rows_per_step)], cfg.row_tokens, tokenizer.pad_token_id)
-        loss, grad_norm = clipped_update(model, optimizer, batch, lr_at(step, cfg), cfg.grad_clip)
+        loss, grad_norm = lm_update(model, optimizer, batch, lr_at(step, cfg), cfg.grad_clip)
         window.append(loss)
 
         # Stage 4: the record.

@@ -40,14 +40,14 @@ from __future__ import annotations
 
 import hashlib
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from pathlib import Path
 
 import torch
 
 from . import data, evaluate, models, sampling, scoring
-from .runs import REPO_ROOT, RunFolder, read_jsonl, sha256_file, write_json, write_jsonl
-from .config import FIXED_SEEDS
+from .runs import REPO_ROOT, RunFolder, preset_folder, read_jsonl, sha256_file, write_json, write_jsonl
+from .config import RewardModelConfig
 from .runtime import code_digests, data_digests, deterministic, environment, hashed_seed, seed_everything
 
 POLICIES = ("warm_start", "sft")  # whose responses the reward model learns to judge
@@ -56,24 +56,6 @@ FEATURES = ("sum_logprob", "min_logprob", "mean_logprob", "length_share", "ended
 SAMPLES_FILE = "samples.jsonl.gz"
 MODEL_FILE = "model.safetensors"
 SCORE_BATCH = 64  # rows per judge forward
-
-
-@dataclass(frozen=True)
-class RewardModelConfig:
-    """How the learned verifier is made (the same for every preset; tiny is the one cached)."""
-
-    draws_per_problem: int = 2
-    """temperature-1 responses per train problem and policy (2 x 1,000 x 2 policies = 4,000)"""
-    held_out_share: float = 0.2
-    """share of train problems whose responses are kept for measuring precision and recall"""
-    l2: float = 1e-3
-    """penalty on the weights (not the bias) of the logistic regression, per response"""
-    newton_steps: int = 50
-    """at most this many Newton steps; it stops when a step moves the parameters by < 1e-12"""
-    threshold: float = 0.5
-    """p(correct) at or above which the proxy says 1"""
-    seed: int = FIXED_SEEDS["reward_model"]
-    """seeds the global RNGs before sampling (each response's own seed is `sample_seed`'s)"""
 
 
 def is_held_out(problem_id: str, share: float) -> bool:
@@ -266,7 +248,7 @@ def sample_responses(preset: str, cfg: RewardModelConfig, problems: list[dict], 
 
 
 def default_run_dir(preset: str) -> Path:
-    return REPO_ROOT / "runs" / preset / "reward_model"
+    return preset_folder(preset, "reward_model")
 
 
 def model_file(preset: str) -> Path:

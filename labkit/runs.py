@@ -150,6 +150,13 @@ def display_path(path: str | os.PathLike) -> str:
     return str(path.relative_to(REPO_ROOT)) if path.is_relative_to(REPO_ROOT) else str(path)
 
 
+def preset_folder(preset: str, *names: str) -> Path:
+    """runs/<preset>/<names...>: where every run folder of a preset lives (the cache's steps are these
+    folders).  The one constructor of the default run folders: the modules' `default_run_dir`s name
+    their step here."""
+    return REPO_ROOT.joinpath("runs", preset, *names)
+
+
 def run_path(run_dir: str | os.PathLike) -> Path:
     """The run folder as an absolute path with `..` resolved lexically.
 

@@ -57,8 +57,8 @@ import torch
 
 from . import data, scoring, state as state_lib, task
 from .config import QWEN, SEED_OFFSETS, PresetConfig, get_preset
-from .runs import (REPO_ROOT, RunFolder, UnfinishedRunError, display_path, is_finished, read_json, run_path,
-                   same_folder, sha256_file, write_json)
+from .runs import (REPO_ROOT, RunFolder, UnfinishedRunError, display_path, is_finished, preset_folder, read_json,
+                   run_path, same_folder, sha256_file, write_json)
 from .runtime import code_digests, data_digests, environment, seed_everything
 from .runtime import deterministic as deterministic_algorithms
 from .schedule import clipped_step, warmup_linear_decay, warmup_updates
@@ -245,7 +245,7 @@ def greedy_validation(model, tokenizer, examples: list[Example], sampler: str = 
 
 
 def default_run_dir(preset: str, branch: str) -> Path:
-    return REPO_ROOT / "runs" / preset / branch
+    return preset_folder(preset, branch)
 
 
 def state_path(run_dir: Path, epoch: int) -> Path:
@@ -324,10 +324,6 @@ class Branch:
     consumed: list[str] = field(default_factory=list)
     progress: dict = field(default_factory=lambda: {"epochs_done": 0, "updates_done": 0, "validation": []})
     data_order: dict = field(default_factory=lambda: {"epoch": 0, "permutation": [], "cursor": 0})
-
-    @property
-    def parameters(self) -> list[torch.nn.Parameter]:
-        return [p for group in self.optimizer.param_groups for p in group["params"]]
 
     def start_optimizer(self) -> None:
         """AdamW and the data-order generator, fresh (a resume then overwrites both from its state)."""

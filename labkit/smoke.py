@@ -687,8 +687,7 @@ def stage_grpo_updates(s: Smoke, detail: dict) -> None:
     zero_std = losses.zero_variance_groups(rewards)  # (P,)
     if s.rewards == "synthetic" and bool(zero_std.all()):
         used = torch.tensor(SYNTHETIC_REWARDS[:G]).expand(P, G).clone()  # see the module docstring
-        sampled = dataclasses.replace(sampled, optimised=used, advantages=losses.group_advantages(
-            used, eps=config.advantage_eps, scale_by_std=loop.variant.scale_by_std).reshape(-1))
+        sampled = dataclasses.replace(sampled, optimised=used, advantages=grpo.advantages_of(loop, used))
     before = models.parameter_digest(loop.model)
     with deterministic(s.device):
         updates, check = grpo.update_iteration(loop, sampled)

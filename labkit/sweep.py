@@ -30,7 +30,7 @@ import time
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from pathlib import Path
 
-from .runs import REPO_ROOT, RunFolder, read_json, sha256_file, write_json
+from .runs import REPO_ROOT, RunFolder, preset_folder, read_json, sha256_file, write_json
 from .variants import Variant, needs_learned_verifier
 
 DEFAULT_FILE = REPO_ROOT / "sweeps" / "chapter9.json"
@@ -90,7 +90,7 @@ def load_runs(path: str | Path, preset: str = "tiny") -> list[tuple[str, Variant
                              'pairs, e.g. {"kl": "none"}')
         options = dict(options)
         if options.get("random_reward_p") == "warm_start_p":
-            options["random_reward_p"] = read_json(REPO_ROOT / "runs" / preset / "group_size" / "warm_start_p.json")["p"]
+            options["random_reward_p"] = read_json(preset_folder(preset, "group_size", "warm_start_p.json"))["p"]
         try:
             out.append((name, Variant.from_dict(options)))
         except (TypeError, ValueError) as err:
@@ -111,7 +111,7 @@ def start_model(preset: str, start: str) -> Path:
         raise ValueError(f"start {start!r}: expected one of {STARTS}")
     if start == "warm_start":
         return grpo.warm_start_file(preset)
-    folder = RunFolder(REPO_ROOT / "runs" / preset / start)
+    folder = RunFolder(preset_folder(preset, start))
     if not folder.is_finished():
         raise FileNotFoundError(f"{folder} has no finished run to start from; build it first (`make cache`)")
     return folder / "model.safetensors"
@@ -185,7 +185,7 @@ def plan(preset: str, runs: list[tuple[str, Variant]], *, root: str | Path | Non
 
     config = get_preset(preset)
     iterations = config.grpo_iterations if iterations is None else iterations
-    root = Path(root) if root is not None else REPO_ROOT / "runs" / preset / "sweep"
+    root = Path(root) if root is not None else preset_folder(preset, "sweep")
     specs = []
     for name, variant in runs:
         start_step = "given" if start_file is not None else (starts or {}).get(name, "warm_start")
@@ -240,7 +240,7 @@ def retire_stale(specs: list[dict]) -> list[Path]:
         folder = Path(spec["folder"])
         for old in sorted(folder.parent.glob(f"{spec['name']}-*")):
             if old != folder and old.is_dir() and re.fullmatch(re.escape(spec["name"]) + r"-[0-9a-f]{12}", old.name):
-                aside = REPO_ROOT / "runs" / spec["preset"] / "stale" / "sweep" / old.name
+                aside = preset_folder(spec["preset"], "stale", "sweep", old.name)
                 aside.parent.mkdir(parents=True, exist_ok=True)
                 if aside.exists():
                     shutil.rmtree(aside)

@@ -194,7 +194,6 @@ def no_kl_term(current, reference, reduce, block_size: int):
     """No penalty; both measures are still logged."""
     with torch.no_grad():
         k3 = reduce(losses.kl_estimators(current[0].detach(), reference[0])["k3"])
-    with torch.no_grad():
         exact = reduce(losses.exact_prefix_kl(current[1].detach(), reference[1], block_size=block_size))
     return torch.zeros((), device=current[0].device), exact, k3
 

@@ -87,3 +87,16 @@ def test_the_committed_base_has_the_architecture_models_builds_today():
 
     built = json.loads(models.tiny_model_config(load_tiny_tokenizer()).to_json_string())
     assert built == json.loads((REPO_ROOT / "runs" / "tiny" / "base" / "config.json").read_text())
+
+
+def test_the_committed_base_was_pretrained_with_todays_settings():
+    """What config.py gives pretraining besides the architecture: both phases' settings (cache.BASE_UNRECORDED_WHY).
+    A change to a default of PretrainConfig or AnswerPhaseConfig fails here until the base is re-pretrained."""
+    import json
+    from dataclasses import asdict
+
+    from labkit.config import PretrainConfig
+    from labkit.runs import REPO_ROOT
+
+    recorded = json.loads((REPO_ROOT / "runs" / "tiny" / "base" / "manifest.json").read_text())["config"]
+    assert asdict(PretrainConfig()) == recorded
