@@ -60,3 +60,24 @@ def test_no_module_level_constant_is_defined_and_never_used():
                     if words[target.id] < 2:  # the definition itself is one
                         unused.append(f"{path.relative_to(LABKIT).as_posix()}:{target.id}")
     assert not unused, f"defined and never used: {unused}"
+
+
+def test_every_config_class_lives_in_config_py():
+    """One home for settings: every `...Config` dataclass of labkit is defined in labkit/config.py."""
+    elsewhere = []
+    for path in sorted(LABKIT.rglob("*.py")):
+        if path.name == "config.py":
+            continue
+        for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+            if isinstance(node, ast.ClassDef) and node.name.endswith("Config"):
+                elsewhere.append(f"{path.relative_to(LABKIT).as_posix()}: {node.name}")
+    assert elsewhere == []
+
+
+def test_run_folders_are_named_by_one_constructor():
+    """runs/<preset>/... is built by `runs.preset_folder` alone, not by joining "runs" and a preset by hand."""
+    by_hand = re.compile(r'"runs"\s*/\s*(preset|config\.name|spec\[)')
+    found = [f"{path.relative_to(LABKIT).as_posix()}:{number}"
+             for path in sorted(LABKIT.rglob("*.py"))
+             for number, line in enumerate(path.read_text().splitlines(), 1) if by_hand.search(line)]
+    assert found == []

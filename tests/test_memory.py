@@ -30,3 +30,13 @@ def test_the_peak_above_now_sees_a_50_mb_buffer_and_resets():
 
 def test_a_field_that_does_not_exist_is_none():
     assert memory.status_kib("NoSuchField") is None and memory.meminfo_bytes("NoSuchField") is None
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="VmHWM and clear_refs are Linux's")
+def test_the_evaluations_cpu_peak_counts_from_its_reset():
+    """What evaluate records per decoding mode: the peak since `reset_peak`, said so in its kind."""
+    was_reset = memory.reset_peak("cpu")
+    peak, kind = memory.peak("cpu", was_reset)
+    assert was_reset and kind == "peak RSS of the process (VmHWM), reset per mode (CPU)"
+    assert peak >= memory.status_kib("VmRSS") * 1024 * 0.9  # VmHWM >= VmRSS, read a moment apart
+    assert memory.peak("cpu", False)[1] == "peak RSS of the process so far (CPU; not reset per mode)"
