@@ -145,7 +145,10 @@ def test_the_committed_chapter10_sweep_is_complete_and_rescored_exactly():
 
 
 def test_earlier_fingerprints_of_a_run_are_moved_aside_and_others_kept(tmp_path, monkeypatch):
+    from labkit import runs
+
     monkeypatch.setattr(sweep, "REPO_ROOT", tmp_path)
+    monkeypatch.setattr(runs, "REPO_ROOT", tmp_path)  # runs.preset_folder names the stale folder
     root = tmp_path / "runs" / "tiny" / "sweep"
     for name in ("grpo-000000000000", "grpo-111111111111", "grpo_long-222222222222", "other-333333333333"):
         (root / name).mkdir(parents=True)
