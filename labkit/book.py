@@ -271,7 +271,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--check", action="store_true", help="only check that the page is what the run gives now")
     p = sub.add_parser("execute", help="re-execute chapter notebooks in place and store their outputs "
                                        "(after the cache changed)")
-    p.add_argument("notebooks", nargs="*", type=Path, help="notebooks (default: every notebooks/*.ipynb)")
+    p.add_argument("notebooks", nargs="*", type=Path, help="notebooks (default: every notebooks/*.ipynb, the chapters and the appendix)")
     p = sub.add_parser("student-sources", help="assemble the student book's sources (student copies of the chapters)")
     p.add_argument("out_dir", help="build folder to (re)create, e.g. _build/student_src")
     p = sub.add_parser("check-student", help="fail if any exercise solution appears in the built student book")
@@ -297,7 +297,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
 
     if args.command == "execute":
-        for path in args.notebooks or sorted((REPO_ROOT / "notebooks").glob("[0-9]*.ipynb")):
+        for path in args.notebooks or sorted((REPO_ROOT / "notebooks").glob("*.ipynb")):
             print(f"executed {path} in {execute_notebook(path):.1f} s", flush=True)
         return 0
     if args.command == "results-page":

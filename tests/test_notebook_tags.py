@@ -104,11 +104,13 @@ def test_the_rule_catches_each_broken_promise():
     assert "an instructor box's toggle must read" in prompt
 
 
-@pytest.mark.parametrize("chapter", ["02_one_group", "05_exact_kl", "06_grpo_run"])
-def test_the_verification_cells_of_chapters_2_5_and_6_are_instructor_boxes(chapter):
+# Chapter 6's resume timings moved to the appendix with the rest of the run's bookkeeping (issue 44).
+@pytest.mark.parametrize(("chapter", "at_least"), [("02_one_group", 3), ("05_exact_kl", 3), ("06_grpo_run", 2),
+                                                  ("appendix_runs", 1)])
+def test_the_verification_cells_of_chapters_2_5_and_6_are_instructor_boxes(chapter, at_least):
     nb = nbformat.read(REPO_ROOT / "notebooks" / f"{chapter}.ipynb", as_version=4)
     boxes = [c for c in nb.cells if "instructor" in _tags(c)]
-    assert len(boxes) >= 3 and all(CHECKED.search(c.source) for c in boxes)
+    assert len(boxes) >= at_least and all(CHECKED.search(c.source) for c in boxes)
 
 
 def test_there_are_chapters_to_check():
