@@ -25,7 +25,7 @@ from __future__ import annotations
 import math
 
 from . import paired
-from .overoptimisation import BEST_OF_N_DRAWS, BEST_OF_N_SIZES, PROXIES, best_of_n, best_of_n_kl
+from .overoptimisation import BEST_OF_N_DRAWS, BEST_OF_N_SIZES, PROXIES, best_of_n, best_of_n_kl, best_of_n_weights
 
 
 def proxy_table(proxies: dict) -> list[dict]:
@@ -66,8 +66,26 @@ def over_optimised(true_change: dict, proxy_change: dict) -> bool:
     return true_change["interval"][1] < 0 < proxy_change["interval"][0]
 
 
+def best_of_n_kl_with_ties(texts: list[str], scores: list[float], n: int) -> float:
+    """KL(best-of-n pick || one draw) over one problem's draws, identical responses counted as one answer.
+
+    The pick's distribution is `best_of_n_weights` summed over the draws that wrote the same text; one
+    draw's is each text's share of the draws.  log n - (n - 1)/n (`best_of_n_kl`) is this KL when every
+    draw is a different answer with a different score; a tiny model's draws repeat (the same short
+    answer many times), and the pick cannot leave a distribution that puts mass on few answers, so the
+    KL with ties is smaller.  Natural log, so nats."""
+    weights = best_of_n_weights(scores, n)
+    pick: dict[str, float] = {}
+    share: dict[str, float] = {}
+    for text, w in zip(texts, weights):
+        pick[text] = pick.get(text, 0.0) + w
+        share[text] = share.get(text, 0.0) + 1.0 / len(texts)
+    return max(0.0, sum(q * math.log(q / share[t]) for t, q in pick.items() if q > 0))
+
+
 def best_of_n_table(rows: list[dict]) -> dict:
-    """Per proxy and n: the mean over problems of best-of-n's true reward and proxy p, its KL, and per
+    """Per proxy and n: the mean over problems of best-of-n's true reward and proxy p, its KL (measured with
+    the draws' ties: `best_of_n_kl_with_ties`; `kl_bound`, log n - (n - 1)/n, holds without ties), and per
     problem the true values (for paired tests between two n)."""
     by_problem: dict[str, list[dict]] = {}
     for r in rows:
@@ -82,7 +100,9 @@ def best_of_n_table(rows: list[dict]) -> dict:
         for n in BEST_OF_N_SIZES:
             values = [best_of_n([float(r["reward"]) for r in d], [r["p"][proxy.name] for r in d], n)
                       for d in by_problem.values()]
-            out[proxy.name].append({"n": n, "kl": best_of_n_kl(n), "sqrt_kl": math.sqrt(best_of_n_kl(n)),
+            kl = sum(best_of_n_kl_with_ties([r["text"] for r in d], [r["p"][proxy.name] for r in d], n)
+                     for d in by_problem.values()) / len(by_problem)
+            out[proxy.name].append({"n": n, "kl": kl, "sqrt_kl": math.sqrt(kl), "kl_bound": best_of_n_kl(n),
                                     "true": sum(v[0] for v in values) / len(values),
                                     "proxy_p": sum(v[1] for v in values) / len(values),
                                     "true_per_problem": [v[0] for v in values]})

@@ -189,3 +189,17 @@ def test_the_committed_finding_a_proxy_rose_while_the_truth_fell():
     bon = summary.best_of_n_summary(summary.best_of_n_table(oo.read_best_of_n()))
     assert bon["base_100"]["fall_interval"][1] < 0 and bon["base_100"]["last_proxy"] > bon["base_100"]["start_proxy"]
     assert bon["warm_start_100"]["peak_true"] > bon["warm_start_100"]["start_true"]
+
+
+def test_best_of_n_kl_with_ties_by_hand():
+    # Two different answers, the higher scored always picked by best-of-2: KL = log 2.
+    assert summary.best_of_n_kl_with_ties(["a", "b"], [0.1, 0.9], 2) == pytest.approx(math.log(2), abs=1e-15)
+    # The same answer twice: the pick is that answer, KL 0.
+    assert summary.best_of_n_kl_with_ties(["a", "a"], [0.4, 0.4], 2) == 0.0
+    # Four draws, one answer written twice; best-of-2 picks a, b, c with 1/6, 2/6, 3/6 (C(i-1, 1) / C(4, 2)).
+    kl = summary.best_of_n_kl_with_ties(["a", "a", "b", "c"], [0.2, 0.2, 0.5, 0.9], 2)
+    by_hand = (1 / 6) * math.log((1 / 6) / 0.5) + (2 / 6) * math.log((2 / 6) / 0.25) + (3 / 6) * math.log((3 / 6) / 0.25)
+    assert kl == pytest.approx(by_hand, abs=1e-15)
+    # Without ties and with many draws it approaches the continuous formula log n - (n - 1)/n.
+    many = [str(k) for k in range(4000)]
+    assert summary.best_of_n_kl_with_ties(many, [k / 4000 for k in range(4000)], 4) == pytest.approx(oo.best_of_n_kl(4), abs=2e-3)
