@@ -131,7 +131,27 @@ def _check_paired_table(page, dirs):
 
 @pytest.fixture(scope="module")
 def page():
-    return results_page.render(RUN)
+    """Both pages: the results page a student reads first, then the detail page it links to."""
+    return results_page.render(RUN) + results_page.render_detail(RUN)
+
+
+def test_the_results_page_opens_with_one_figure_and_one_table_and_links_the_detail():
+    summary = results_page.render(RUN)
+    lines = [line for line in summary.splitlines() if line.strip()]
+    first_content = next(i for i, line in enumerate(lines) if not line.startswith(("#", "```", "This page")))
+    assert lines[first_content].startswith("![") and f"]({results_page.FIGURE})" in lines[first_content]
+    tables = [i for i, line in enumerate(lines) if line.startswith("| policy |")]
+    assert len(tables) == 1 and summary.count("![") == 1  # one figure, one table
+    rows = [line for line in lines[tables[0] + 2:] if line.startswith("|")]
+    assert [r.split("|")[1].strip() for r in rows][:3] == ["warm_start", "sft", "grpo"]
+    # each row's verdict against the warm start is the paired test's, recounted from the predictions
+    dirs = results_page.evaluation_dirs(RUN)
+    labels = results_page.evaluate.load_test_labels(phase="scoring")
+    for row in rows[1:]:
+        policy = row.split("|")[1].strip()
+        c = results_page.paired.compare_policies(dirs["warm_start"], dirs[policy], labels, "ALL")
+        assert results_page.paired.format_p(c["greedy"]["p"], "McNemar p") in row
+    assert f"]({results_page.DETAIL})" in summary and "## Paired comparisons" not in summary
 
 
 def test_every_comparison_is_a_row_of_the_paired_table_recounted_from_the_predictions(page):
@@ -170,6 +190,11 @@ def test_the_figure_is_written_beside_the_page_byte_for_byte_and_checked(tmp_pat
     assert results_page.is_current(RUN, out)
     results_page.write(RUN, out)  # a re-run writes the same bytes
     assert figure.read_bytes() == png and out.read_text(encoding="utf-8") == text
+    detail = out.parent / results_page.DETAIL
+    assert detail.read_text(encoding="utf-8") == results_page.render_detail(RUN)
+    detail.write_text(detail.read_text(encoding="utf-8") + "edited by hand\n", encoding="utf-8")
+    assert not results_page.is_current(RUN, out)  # is_current covers the detail page
+    results_page.write(RUN, out)
     figure.write_bytes(png[:-12])
     assert not results_page.is_current(RUN, out)  # is_current covers the figure
     figure.unlink()
@@ -188,7 +213,7 @@ def test_the_larger_run_is_compared_when_its_evaluation_finished(tmp_path):
     (large / "FINISHED").write_text("{}\n")
     dirs = results_page.evaluation_dirs(run)
     assert dirs["grpo_large"] == large
-    page = results_page.render(run)
+    page = results_page.render(run) + results_page.render_detail(run)
     rows = _check_paired_table(page, dirs)
     assert {k for k in rows if k[1] == "grpo_large"} == {(a, "grpo_large", s) for a in ("warm_start", "grpo")
                                                          for s in ("ALL", "ID50", "OOD100")}
