@@ -114,3 +114,15 @@ def test_protocol_page_states_the_tiny_model_size():
     for row in (f"| 494,032,768 | {count:,} |", f"| 896 / 24 / 14 / 2 / 4,864 | {shape} |",
                 f"| 151,936 / 151,665 | {vocab} |"):
         assert row in text, f"book/protocol.md lacks {row!r}: update it from labkit/models.py"
+
+
+# ------------------------------------------------------------------ book/instructor.md
+
+
+def test_the_instructor_page_quotes_its_own_smoke_table():
+    """The prose's save and reload times are the smoke table's rows (issue 44: 190 s against 199.5 s)."""
+    text = (REPO_ROOT / "book" / "instructor.md").read_text(encoding="utf-8")
+    table = dict(re.findall(r"^\| (state_save|state_reload) \| ([\d.]+) \|", text, re.MULTILINE))
+    quoted = re.search(r"took ([\d.]+) s to save and ([\d.]+) s to reload", text)
+    assert set(table) == {"state_save", "state_reload"} and quoted
+    assert quoted.groups() == (table["state_save"], table["state_reload"])
