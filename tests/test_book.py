@@ -126,3 +126,23 @@ def test_the_instructor_page_quotes_its_own_smoke_table():
     quoted = re.search(r"took ([\d.]+) s to save and ([\d.]+) s to reload", text)
     assert set(table) == {"state_save", "state_reload"} and quoted
     assert quoted.groups() == (table["state_save"], table["state_reload"])
+
+
+# ------------------------------------------------------------------ book/glossary.md
+
+
+def test_the_glossary_names_the_code_as_it_is():
+    """Every `config.<field>` and every labkit function the glossary's symbol table names exists (issue 44)."""
+    import labkit.evaluate
+    import labkit.losses
+    import labkit.verifier
+
+    text = (REPO_ROOT / "book" / "glossary.md").read_text(encoding="utf-8")
+    table = text.split("```{glossary}")[0]
+    fields = set(re.findall(r"`config\.([a-z_]+)`", table))
+    assert {"group_size", "clip_eps", "kl_coef", "prompts_per_iteration"} <= fields
+    assert all(hasattr(TINY, f) for f in fields), sorted(f for f in fields if not hasattr(TINY, f))
+    functions = re.findall(r"`(?:labkit\.(evaluate|verifier)\.)?([a-z_]+)\(", table)
+    assert len(functions) >= 5
+    for module, name in functions:
+        assert hasattr({"evaluate": labkit.evaluate, "verifier": labkit.verifier}.get(module, labkit.losses), name), name
