@@ -81,3 +81,33 @@ def test_a_stub_keeps_its_your_turn_error():
 
     with pytest.raises(NotImplementedError, match="Your turn"):
         exercises.check_ch04_clipped_objective(stub)
+
+
+def clamped_product(logp_cur, logp_old, advantages, clip_eps):
+    # The slip issue 44 names: the clip applied to rho x A instead of rho.
+    obj = torch.exp(logp_cur - logp_old) * advantages[:, None]
+    return torch.minimum(obj, torch.clamp(obj, 1 - clip_eps, 1 + clip_eps))
+
+
+def clamped_product_alone(logp_cur, logp_old, advantages, clip_eps):
+    return torch.clamp(torch.exp(logp_cur - logp_old) * advantages[:, None], 1 - clip_eps, 1 + clip_eps)
+
+
+def not_broadcast(logp_cur, logp_old, advantages, clip_eps):
+    # (5, 9) against (5,): PyTorch raises a RuntimeError about tensor sizes.
+    rho = torch.exp(logp_cur - logp_old)
+    return torch.minimum(rho * advantages, torch.clamp(rho, 1 - clip_eps, 1 + clip_eps) * advantages)
+
+
+@pytest.mark.parametrize("answer", [clamped_product, clamped_product_alone])
+def test_clamping_the_product_gets_its_own_message(answer):
+    with pytest.raises(exercises.ExerciseError, match=r"you clipped the product rho A; clip the ratio rho alone"):
+        exercises.check_ch04_clipped_objective(answer)
+
+
+def test_an_advantage_not_broadcast_per_token_is_explained_in_one_line():
+    with pytest.raises(exercises.ExerciseError) as caught:
+        exercises.check_ch04_clipped_objective(not_broadcast)
+    message = str(caught.value)
+    assert "advantages[:, None]" in message and "one value per response, shape (B,)" in message
+    assert "must match the size of tensor" not in message and "\n" not in message  # not PyTorch's raw words

@@ -98,3 +98,13 @@ def test_shape_gradient_and_crash_are_reported(batch):
         exercises.check_ch06_grpo_loss(lambda *a: 1 / 0, batch)
     with pytest.raises(exercises.ExerciseError, match="pass your function itself"):
         exercises.check_ch06_grpo_loss(3.0, batch)
+
+
+def test_an_advantage_not_broadcast_per_token_is_explained_in_one_line():
+    def not_broadcast(logp_cur, logp_old, advantages, mask, logits_cur, logits_ref, group_size, clip_eps, kl_coef):
+        assert logp_cur.shape[1] != advantages.shape[0]  # the real batch: (16, T) against (16,), T != 16
+        return (torch.exp(logp_cur - logp_old) * advantages).sum()
+
+    with pytest.raises(exercises.ExerciseError) as caught:
+        exercises.check_ch06_grpo_loss(not_broadcast)
+    assert "advantages[:, None]" in str(caught.value) and "must match the size" not in str(caught.value)

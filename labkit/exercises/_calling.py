@@ -20,8 +20,20 @@ def require_function(answer) -> None:
         raise ExerciseError(f"pass your function itself, not {type(answer).__name__}")
 
 
+# The one advice for the commonest shape slip of these exercises: a per-response advantage (B,) used with
+# per-token values (B, T) without a token axis.  PyTorch's own words for it name sizes, not the slip.
+ADVANTAGE_NOT_BROADCAST = ("your advantages have one value per response, shape (B,), and the per-token values "
+                           "have shape (B, T): give the advantages a token axis, advantages[:, None] (or "
+                           ".unsqueeze(-1)), so that each response's advantage multiplies every one of its tokens")
+
+
+def is_shape_mismatch(err: BaseException) -> bool:
+    """True for PyTorch's broadcasting error ("The size of tensor a (9) must match the size of tensor b (5) ...")."""
+    return isinstance(err, RuntimeError) and "must match the size of tensor" in str(err)
+
+
 def call_student(function, *args, where: str, hint: str = "", not_written: str | None = None,
-                 assertion_is_answer: bool = False):
+                 assertion_is_answer: bool = False, on_shape_mismatch: str | None = None):
     """`function(*args)`, the student's answer for one case; what it raises becomes an ExerciseError.
 
     where: the case, as the message names it ("case 3 of 10: f(x=1)").  Any exception
@@ -34,6 +46,9 @@ def call_student(function, *args, where: str, hint: str = "", not_written: str |
     assertion_is_answer: the student wrote a check, whose answer is to raise AssertionError or not;
     then the AssertionError is returned (None when the check returned), and anything else it
     raised becomes the ExerciseError above.
+
+    on_shape_mismatch: when the student's code fails on PyTorch's broadcasting error, the one-line
+    explanation of the slip to give instead of the raw message (e.g. ADVANTAGE_NOT_BROADCAST).
     """
     try:
         result = function(*args)
@@ -46,6 +61,8 @@ def call_student(function, *args, where: str, hint: str = "", not_written: str |
             return err
         raise ExerciseError(f"{where} raised {type(err).__name__}: {err}{hint}") from None
     except Exception as err:  # the student's code may raise anything; report it, never crash
+        if on_shape_mismatch is not None and is_shape_mismatch(err):
+            raise ExerciseError(f"{where}: shapes do not broadcast: {on_shape_mismatch}") from None
         raise ExerciseError(f"{where} raised {type(err).__name__}: {err}{hint}") from None
     return None if assertion_is_answer else result
 

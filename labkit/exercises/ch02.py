@@ -24,30 +24,64 @@ def _ch02_cases():
     ]
 
 
-def _ch02_hint(value: float, logits, response_ids) -> str:
-    """What a wrong `sequence_logprob` value most likely did, from the usual slips."""
-    import math
-
+def _ch02_slips():
+    """(name, formula(logits, response_ids) -> float, hint): the usual slips, each as the value it gives."""
     import torch
 
-    picked = lambda table: torch.gather(table, 1, response_ids[:, None]).squeeze(1)  # noqa: E731
-    logp = picked(torch.log_softmax(logits, dim=-1))
+    def scores(logits):
+        return torch.log_softmax(logits, dim=-1)
+
+    def picked(table, ids):
+        return torch.gather(table, 1, ids[:, None]).squeeze(1)
+
+    shift = ("row j of `logits` is the distribution that response token j was drawn from (they are already "
+             "aligned), so gather response_ids[j] from row j, with no shift")
+    return [
+        (lambda lg, ids: float(picked(scores(lg), ids).mean()),
+         lambda R: f"you averaged the {R} tokens' log-probs (their sum divided by {R}); the response's probability "
+                   "is the PRODUCT of its token probabilities, so its log-prob is their SUM"),
+        (lambda lg, ids: float(picked(scores(lg), ids).sum().exp()),
+         lambda R: "that is the probability exp(sum); return the log-probability, the sum itself"),
+        (lambda lg, ids: float(picked(lg, ids).sum()),
+         lambda R: "you summed raw logits; normalise them over the vocabulary first (log_softmax over the last "
+                   "dimension)"),
+        (lambda lg, ids: float(picked(torch.log_softmax(lg, dim=0), ids).sum()),
+         lambda R: "log_softmax over the wrong dimension: normalise over the vocabulary (dim=-1), not the "
+                   "positions"),
+        (lambda lg, ids: float(torch.gather(scores(lg)[:-1], 1, ids[1:, None]).sum()),
+         lambda R: f"off by one position: you scored token j + 1 with row j; {shift}"),
+        (lambda lg, ids: float(torch.gather(scores(lg)[1:], 1, ids[:-1, None]).sum()),
+         lambda R: f"off by one position: you scored token j with row j + 1; {shift}"),
+        (lambda lg, ids: float(picked(scores(lg), ids.roll(1)).sum()),
+         lambda R: f"off by one position (the ids rolled by one); {shift}"),
+        (lambda lg, ids: float(picked(scores(lg), ids.roll(-1)).sum()),
+         lambda R: f"off by one position (the ids rolled by one); {shift}"),
+        (lambda lg, ids: float(picked(scores(lg), ids)[:-1].sum()),
+         lambda R: "the last token (EOS) is part of the response and counts too"),
+    ]
+
+
+def _ch02_hint(sequence_logprob, cases, failed: int, value: float) -> str:
+    """What a wrong `sequence_logprob` most likely did: the slip whose value it gives on EVERY case.
+
+    One case cannot tell some slips apart (on uniform logits a shift and a dropped token give the same
+    number); all of them can."""
+    import math
+
     if math.isnan(value) or math.isinf(value):
         return ("log(softmax(x)) underflows to log(0) = -inf when logits are far apart: use "
                 "torch.log_softmax(logits, dim=-1), which subtracts the maximum first")
-    slips = [
-        (float(logp.mean()), "average over tokens, not sum: the response's probability is the PRODUCT of its "
-                             "token probabilities, so its log-prob is the SUM of theirs"),
-        (float(logp.sum().exp()), "that is the probability exp(sum); return the log-probability, the sum itself"),
-        (float(picked(logits).sum()), "you summed raw logits; normalise them over the vocabulary first "
-                                      "(log_softmax over the last dimension)"),
-        (float(picked(torch.log_softmax(logits, dim=0)).sum()), "log_softmax over the wrong dimension: normalise "
-                                                                "over the vocabulary (dim=-1), not the positions"),
-        (float(logp[:-1].sum()), "the last token (EOS) is part of the response and counts too"),
-    ]
-    for slip_value, hint in slips:
-        if math.isclose(value, slip_value, rel_tol=1e-9, abs_tol=1e-9):
-            return hint
+    answers = []
+    for name, logits, response_ids in cases:
+        try:  # only the hint is at stake here: the failure itself is already known
+            got = call_student(sequence_logprob, logits.clone(), response_ids.clone(), where=name)
+            answers.append(float(got))
+        except (ExerciseError, TypeError, ValueError):
+            answers.append(None)
+    for formula, hint in _ch02_slips():
+        if all(answer is not None and math.isclose(formula(logits, ids), answer, rel_tol=1e-9, abs_tol=1e-9)
+               for (_, logits, ids), answer in zip(cases, answers)):
+            return hint(len(cases[failed][2]))
     return "take log_softmax(logits, dim=-1), pick each row's response token with gather, and sum"
 
 
@@ -81,7 +115,7 @@ def check_ch02_sequence_logprob(sequence_logprob, real=None) -> bool:
         expected = float(torch.gather(torch.log_softmax(logits, dim=-1), 1, response_ids[:, None]).sum())
         if not math.isclose(value, expected, rel_tol=1e-9, abs_tol=1e-9):
             raise ExerciseError(f"{where} returned {value!r}, expected {expected!r}. "
-                                f"Hint: {_ch02_hint(value, logits, response_ids)}.")
+                                f"Hint: {_ch02_hint(sequence_logprob, cases, number - 1, value)}.")
     if real is not None:
         logits, response_ids, recorded = real
         value = float(sequence_logprob(logits, response_ids))

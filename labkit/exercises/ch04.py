@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from ._calling import ExerciseError, call_student, require_function, require_tensor
+from ._calling import ADVANTAGE_NOT_BROADCAST, ExerciseError, call_student, require_function, require_tensor
 
 
 # (log rho, advantage) per token for the chapter 4 checker: each side of each clip edge, both signs.
@@ -39,6 +39,12 @@ def _ch04_slip(got, clip_eps: float) -> str:
         (clipped, "you returned only the clipped term clip(rho, 1-eps, 1+eps) A: take the minimum of it and "
                   "the unclipped rho A"),
         (torch.maximum(unclipped, clipped), "take the minimum (the pessimistic term), not the maximum"),
+        (torch.minimum(unclipped, unclipped.clamp(1 - clip_eps, 1 + clip_eps)),
+         "you clipped the product rho A; clip the ratio rho alone, then multiply by A: "
+         "clip(rho, 1-eps, 1+eps) A (the clip bounds how far the policy moved, whatever the advantage's size)"),
+        (unclipped.clamp(1 - clip_eps, 1 + clip_eps),
+         "you clipped the product rho A; clip the ratio rho alone, multiply by A, and take the minimum with "
+         "the unclipped rho A"),
     )
     for formula, hint in slips:
         if torch.allclose(got, formula, rtol=0, atol=1e-9):
@@ -66,7 +72,7 @@ def check_ch04_clipped_objective(clipped_objective) -> bool:
         advantages = torch.tensor(CH04_ADVANTAGES, dtype=torch.float64)
         got = call_student(clipped_objective, logp_cur, logp_old, advantages, clip_eps,
                            where=f"clipped_objective(logp_cur (5, 9), logp_old (5, 9), advantages (5,), "
-                                 f"clip_eps={clip_eps})")
+                                 f"clip_eps={clip_eps})", on_shape_mismatch=ADVANTAGE_NOT_BROADCAST)
         require_tensor(got, logp_cur.shape, "clipped_objective",
                        "one objective per token, shape (5, 9) (broadcast each response's advantage over its "
                        "tokens: advantages[:, None])", "your objective")

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from ._calling import ExerciseError, call_student, require_function, require_tensor
+from ._calling import ADVANTAGE_NOT_BROADCAST, ExerciseError, call_student, require_function, require_tensor
 
 
 CH06_KEYS = ("reward", "frac_reward_zero_std", "completions/mean_length", "completions/clipped_ratio")
@@ -311,7 +311,8 @@ def check_ch06_grpo_loss(grpo_loss, batch: dict | None = None) -> bool:
     rows = len(b["rows"])
     where = f"{CH06_LOSS_SIGNATURE} on iteration {b['rows'][0]['iteration']}'s {rows} real rollouts"
     got = call_student(grpo_loss, logp_cur, b["logp_old"], b["advantages"], b["mask"], logits_cur,
-                       b["logits_ref"], b["group_size"], b["clip_eps"], b["kl_coef"], where=where)
+                       b["logits_ref"], b["group_size"], b["clip_eps"], b["kl_coef"], where=where,
+                       on_shape_mismatch=ADVANTAGE_NOT_BROADCAST)
     require_tensor(got, (), "grpo_loss", "the batch's loss as one 0-d tensor (reduce tokens -> responses -> groups)",
                    "your loss")
     if abs(got.item() - expected.item()) > 1e-9:
