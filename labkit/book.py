@@ -271,7 +271,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--check", action="store_true", help="only check that the page is what the run gives now")
     p = sub.add_parser("execute", help="re-execute chapter notebooks in place and store their outputs "
                                        "(after the cache changed)")
-    p.add_argument("notebooks", nargs="*", type=Path, help="notebooks (default: every notebooks/*.ipynb, the chapters and the appendix)")
+    p.add_argument("notebooks", nargs="*", type=Path,
+                   help="notebooks (default: every notebooks/*.ipynb, the chapters and the appendix)")
     p = sub.add_parser("student-sources", help="assemble the student book's sources (student copies of the chapters)")
     p.add_argument("out_dir", help="build folder to (re)create, e.g. _build/student_src")
     p = sub.add_parser("check-student", help="fail if any exercise solution appears in the built student book")

@@ -25,7 +25,7 @@ def _ch02_cases():
 
 
 def _ch02_slips():
-    """(name, formula(logits, response_ids) -> float, hint): the usual slips, each as the value it gives."""
+    """[(formula(logits, response_ids) -> float, hint(R) -> str)]: the usual slips, each as the value it gives."""
     import torch
 
     def scores(logits):
