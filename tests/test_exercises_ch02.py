@@ -47,6 +47,25 @@ def underflow(logits, response_ids):
     return torch.gather(torch.log(torch.softmax(logits, dim=-1)), 1, response_ids[:, None]).sum()
 
 
+def probabilities_summed(logits, response_ids):
+    # log_softmax missing: the tokens' probabilities, not their log-probs
+    return torch.gather(torch.softmax(logits, dim=-1), 1, response_ids[:, None]).sum()
+
+
+def every_pair(logits, response_ids):
+    # logp[:, ids] picks every response token at every row (an R x R table), not one per row
+    return torch.log_softmax(logits, dim=-1)[:, response_ids].sum()
+
+
+def whole_rows(logits, response_ids):
+    # logp[ids] picks whole rows (indexed by token ids), not one entry per row
+    return torch.log_softmax(logits, dim=-1)[response_ids].sum()
+
+
+def gather_without_a_column_axis(logits, response_ids):
+    return torch.gather(torch.log_softmax(logits, dim=-1), 1, response_ids).sum()
+
+
 def test_the_right_answer_passes(capsys):
     assert exercises.check_ch02_sequence_logprob(right)
     assert "Correct" in capsys.readouterr().out
@@ -62,7 +81,44 @@ def test_the_right_answer_passes(capsys):
     (probability, r"that is the probability exp\(sum\)"),
     (no_eos, r"the last token \(EOS\) is part of the response"),
     (underflow, r"log\(softmax\(x\)\) underflows"),
+    (probabilities_summed, r"you summed the tokens' probabilities: log_softmax is missing"),
+    (every_pair, r"you picked every response token at every row \(logp\[:, response_ids\]"),
+    (whole_rows, r"you picked whole rows \(logp\[response_ids\]"),
+    (gather_without_a_column_axis, r"torch.gather needs an index with as many dimensions as the table"),
 ])
 def test_each_typical_slip_is_named(answer, named):
     with pytest.raises(exercises.ExerciseError, match=named):
         exercises.check_ch02_sequence_logprob(answer)
+
+
+def test_a_slip_is_named_in_one_line_without_pytorch_words():
+    with pytest.raises(exercises.ExerciseError) as caught:
+        exercises.check_ch02_sequence_logprob(gather_without_a_column_axis)
+    assert "\n" not in str(caught.value) and "Index tensor must have" not in str(caught.value)
+
+
+def real_rollout():
+    """A stand-in for the chapter's real rollout: logits (R, V), ids (R,), and the recorded log-probs."""
+    g = torch.Generator().manual_seed(0)
+    logits = torch.randn(6, 13, generator=g, dtype=torch.float64)
+    ids = torch.randint(0, 13, (6,), generator=g)
+    recorded = torch.gather(torch.log_softmax(logits, dim=-1), 1, ids[:, None]).squeeze(1).tolist()
+    return logits, ids, recorded
+
+
+def test_the_real_rollout_is_checked(capsys):
+    assert exercises.check_ch02_sequence_logprob(right, real=real_rollout())
+    assert "On the real rollout" in capsys.readouterr().out
+
+
+def test_a_failure_on_the_real_rollout_is_reported_not_raised():
+    calls = []
+
+    def fails_on_the_real_one(logits, response_ids):
+        calls.append(1)
+        if len(calls) > 4:  # the four constructed cases pass, then the real rollout raises
+            raise ValueError("boom")
+        return right(logits, response_ids)
+
+    with pytest.raises(exercises.ExerciseError, match=r"the real rollout.* raised ValueError: boom"):
+        exercises.check_ch02_sequence_logprob(fails_on_the_real_one, real=real_rollout())

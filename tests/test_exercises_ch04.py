@@ -111,3 +111,48 @@ def test_an_advantage_not_broadcast_per_token_is_explained_in_one_line():
     message = str(caught.value)
     assert "advantages[:, None]" in message and "one value per response, shape (B,)" in message
     assert "must match the size of tensor" not in message and "\n" not in message  # not PyTorch's raw words
+
+
+def upper_edge_only(logp_cur, logp_old, advantages, clip_eps):
+    rho, A = torch.exp(logp_cur - logp_old), advantages[:, None]
+    return torch.minimum(rho * A, torch.clamp(rho, max=1 + clip_eps) * A)
+
+
+def lower_edge_only(logp_cur, logp_old, advantages, clip_eps):
+    rho, A = torch.exp(logp_cur - logp_old), advantages[:, None]
+    return torch.minimum(rho * A, torch.clamp(rho, min=1 - clip_eps) * A)
+
+
+def the_loss(logp_cur, logp_old, advantages, clip_eps):
+    return -right(logp_cur, logp_old, advantages, clip_eps)
+
+
+def inverted_ratio(logp_cur, logp_old, advantages, clip_eps):
+    return right(logp_old, logp_cur, advantages, clip_eps)
+
+
+def quotient_ratio(logp_cur, logp_old, advantages, clip_eps):
+    rho, A = logp_cur / logp_old, advantages[:, None]
+    return torch.minimum(rho * A, torch.clamp(rho, 1 - clip_eps, 1 + clip_eps) * A)
+
+
+@pytest.mark.parametrize("answer, named", [
+    (upper_edge_only, r"you clipped rho at 1 \+ eps only: the lower edge 1 - eps is missing"),
+    (lower_edge_only, r"you clipped rho at 1 - eps only: the upper edge 1 \+ eps is missing"),
+    (the_loss, r"you returned the loss, minus the objective"),
+    (inverted_ratio, r"your ratio is upside down: rho = exp\(logp_cur - logp_old\)"),
+    (quotient_ratio, r"your ratio divides the log-probs: rho = exp\(logp_cur - logp_old\)"),
+])
+def test_more_typical_slips_are_named(answer, named):
+    with pytest.raises(exercises.ExerciseError, match=named):
+        exercises.check_ch04_clipped_objective(answer)
+
+
+def test_a_misplaced_token_axis_is_explained_in_one_line():
+    def row_axis(logp_cur, logp_old, advantages, clip_eps):
+        # advantages[None, :] puts the responses on the token axis: (1, 5) against (5, 9)
+        rho, A = torch.exp(logp_cur - logp_old), advantages[None, :]
+        return torch.minimum(rho * A, torch.clamp(rho, 1 - clip_eps, 1 + clip_eps) * A)
+
+    with pytest.raises(exercises.ExerciseError, match=r"shapes do not broadcast: .*advantages\[:, None\]"):
+        exercises.check_ch04_clipped_objective(row_axis)

@@ -25,7 +25,10 @@ def _ch02_cases():
 
 
 def _ch02_slips():
-    """[(formula(logits, response_ids) -> float, hint(R) -> str)]: the usual slips, each as the value it gives."""
+    """[(formula(logits, response_ids) -> float, hint(R) -> str)]: the usual slips, each as the value it gives.
+
+    A formula may raise where the slip itself does (an index out of range): that case then matches a
+    student's answer that raised too."""
     import torch
 
     def scores(logits):
@@ -58,6 +61,16 @@ def _ch02_slips():
          lambda R: f"off by one position (the ids rolled by one); {shift}"),
         (lambda lg, ids: float(picked(scores(lg), ids)[:-1].sum()),
          lambda R: "the last token (EOS) is part of the response and counts too"),
+        (lambda lg, ids: float(picked(torch.softmax(lg, dim=-1), ids).sum()),
+         lambda R: "you summed the tokens' probabilities: log_softmax is missing (sum the log-probs, "
+                   "torch.log_softmax(logits, dim=-1))"),
+        (lambda lg, ids: float(scores(lg)[:, ids].sum()),
+         lambda R: f"you picked every response token at every row (logp[:, response_ids] has shape ({R}, {R})); "
+                   "pick one per row, row j's token response_ids[j]: gather, or logp[torch.arange(R), "
+                   "response_ids]"),
+        (lambda lg, ids: float(scores(lg)[ids].sum()),
+         lambda R: "you picked whole rows (logp[response_ids] uses the token ids as row numbers); pick one "
+                   "entry per row, row j's token response_ids[j]: gather, or logp[torch.arange(R), response_ids]"),
     ]
 
 
@@ -71,18 +84,44 @@ def _ch02_hint(sequence_logprob, cases, failed: int, value: float) -> str:
     if math.isnan(value) or math.isinf(value):
         return ("log(softmax(x)) underflows to log(0) = -inf when logits are far apart: use "
                 "torch.log_softmax(logits, dim=-1), which subtracts the maximum first")
-    answers = []
-    for name, logits, response_ids in cases:
+
+    def value_or_none(function, logits, response_ids):
         try:  # only the hint is at stake here: the failure itself is already known
-            got = call_student(sequence_logprob, logits.clone(), response_ids.clone(), where=name)
-            answers.append(float(got))
-        except (ExerciseError, TypeError, ValueError):
-            answers.append(None)
+            got = call_student(function, logits.clone(), response_ids.clone(), where="")
+            return float(got)
+        except (ExerciseError, TypeError, ValueError, RuntimeError, IndexError):
+            return None
+
+    def same(a, b):
+        return (a is None and b is None) or (a is not None and b is not None
+                                             and math.isclose(a, b, rel_tol=1e-9, abs_tol=1e-9))
+
+    answers = [value_or_none(sequence_logprob, logits, ids) for _, logits, ids in cases]
     for formula, hint in _ch02_slips():
-        if all(answer is not None and math.isclose(formula(logits, ids), answer, rel_tol=1e-9, abs_tol=1e-9)
-               for (_, logits, ids), answer in zip(cases, answers)):
+        if all(same(value_or_none(formula, logits, ids), answer) for (_, logits, ids), answer in zip(cases, answers)):
             return hint(len(cases[failed][2]))
     return "take log_softmax(logits, dim=-1), pick each row's response token with gather, and sum"
+
+
+def _ch02_call(sequence_logprob, logits, response_ids, where: str) -> float:
+    """The student's value for one case, as a float; any way it fails is an ExerciseError naming the case."""
+    import torch
+
+    try:
+        got = call_student(sequence_logprob, logits.clone(), response_ids.clone(), where=where)
+    except ExerciseError as err:
+        if "Index tensor must have the same number of dimensions" in str(err):
+            raise ExerciseError(f"{where}: torch.gather needs an index with as many dimensions as the table it "
+                                "picks from, (R, 1) for logp (R, V): gather(logp, 1, response_ids[:, None]), "
+                                "then .squeeze(1)") from None
+        raise
+    if isinstance(got, torch.Tensor) and got.numel() != 1:
+        raise ExerciseError(f"{where} returned a tensor of shape {tuple(got.shape)}; return one number "
+                            "(a 0-d tensor): the sum over the response's tokens")
+    try:
+        return float(got)
+    except (TypeError, ValueError):
+        raise ExerciseError(f"{where} returned {got!r}; return a number (a 0-d tensor)") from None
 
 
 def check_ch02_sequence_logprob(sequence_logprob, real=None) -> bool:
@@ -104,21 +143,16 @@ def check_ch02_sequence_logprob(sequence_logprob, real=None) -> bool:
     for number, (name, logits, response_ids) in enumerate(cases, start=1):
         where = f"case {number} of {len(cases)} ({name}): sequence_logprob(logits {tuple(logits.shape)}, " \
                 f"response_ids {response_ids.tolist()})"
-        got = call_student(sequence_logprob, logits.clone(), response_ids.clone(), where=where)
-        if isinstance(got, torch.Tensor) and got.numel() != 1:
-            raise ExerciseError(f"{where} returned a tensor of shape {tuple(got.shape)}; return one number "
-                                "(a 0-d tensor): the sum over the response's tokens")
-        try:
-            value = float(got)
-        except (TypeError, ValueError):
-            raise ExerciseError(f"{where} returned {got!r}; return a number (a 0-d tensor)") from None
+        value = _ch02_call(sequence_logprob, logits, response_ids, where)
         expected = float(torch.gather(torch.log_softmax(logits, dim=-1), 1, response_ids[:, None]).sum())
         if not math.isclose(value, expected, rel_tol=1e-9, abs_tol=1e-9):
             raise ExerciseError(f"{where} returned {value!r}, expected {expected!r}. "
                                 f"Hint: {_ch02_hint(sequence_logprob, cases, number - 1, value)}.")
     if real is not None:
         logits, response_ids, recorded = real
-        value = float(sequence_logprob(logits, response_ids))
+        value = _ch02_call(sequence_logprob, logits, response_ids,
+                           f"the real rollout: sequence_logprob(logits {tuple(logits.shape)}, response_ids "
+                           f"({len(response_ids)},))")
         total = float(sum(recorded))
         if not abs(value - total) <= 2e-4 * len(recorded):
             raise ExerciseError(f"on the real rollout your sequence log-prob is {value:.6f}, but its recorded "

@@ -24,16 +24,22 @@ def _ch04_reference(log_ratio: float, advantage: float, clip_eps: float):
     return -loss.item(), grad.item()
 
 
-def _ch04_slip(got, clip_eps: float) -> str:
+def _ch04_slip(got, logp_cur, logp_old, clip_eps: float) -> str:
     """The hint for a wrong objective (5, 9): the usual slip it follows on EVERY token, else the formula.
 
     One token cannot tell the slips apart (where A > 0 and rho < 1 - eps, the maximum and the
     clipped term alone are the same number), the whole grid can."""
     import torch
 
-    rho = torch.tensor(CH04_LOG_RATIOS, dtype=torch.float64).exp()[None, :]  # (1, 9)
+    logp_cur, logp_old = logp_cur.detach(), logp_old.detach()
     A = torch.tensor(CH04_ADVANTAGES, dtype=torch.float64)[:, None]  # (5, 1)
+
+    def objective(rho, low=1 - clip_eps, high=1 + clip_eps):
+        return torch.minimum(rho * A, rho.clamp(low, high) * A)
+
+    rho = (logp_cur - logp_old).exp()  # (5, 9)
     unclipped, clipped = rho * A, rho.clamp(1 - clip_eps, 1 + clip_eps) * A  # (5, 9) each
+    ratio_hint = "rho = exp(logp_cur - logp_old), the current policy's probability over the old one's"
     slips = (
         (unclipped, "you returned rho A: take the minimum with the clipped term clip(rho, 1-eps, 1+eps) A"),
         (clipped, "you returned only the clipped term clip(rho, 1-eps, 1+eps) A: take the minimum of it and "
@@ -45,6 +51,14 @@ def _ch04_slip(got, clip_eps: float) -> str:
         (unclipped.clamp(1 - clip_eps, 1 + clip_eps),
          "you clipped the product rho A; clip the ratio rho alone, multiply by A, and take the minimum with "
          "the unclipped rho A"),
+        (objective(rho, low=None), "you clipped rho at 1 + eps only: the lower edge 1 - eps is missing, and it is "
+                                   "the one that binds when A < 0 (clip(rho, 1 - eps, 1 + eps))"),
+        (objective(rho, high=None), "you clipped rho at 1 - eps only: the upper edge 1 + eps is missing, and it is "
+                                    "the one that binds when A > 0 (clip(rho, 1 - eps, 1 + eps))"),
+        (-objective(rho), "you returned the loss, minus the objective: return the objective itself (the loss "
+                          "that is minimised is its negative, taken later)"),
+        (objective(1 / rho), f"your ratio is upside down: {ratio_hint}"),
+        (objective(logp_cur / logp_old), f"your ratio divides the log-probs: {ratio_hint}"),
     )
     for formula, hint in slips:
         if torch.allclose(got, formula, rtol=0, atol=1e-9):
@@ -85,7 +99,7 @@ def check_ch04_clipped_objective(clipped_objective) -> bool:
                 value, slope = _ch04_reference(x, A, clip_eps)
                 where = f"token with rho = {rho:.4f}, A = {A:+g}, clip_eps = {clip_eps}"
                 if abs(got[b, t].item() - value) > 1e-9:
-                    hint = _ch04_slip(got.detach(), clip_eps)
+                    hint = _ch04_slip(got.detach(), logp_cur, logp_old, clip_eps)
                     raise ExerciseError(f"{where}: objective {got[b, t].item():.6g}, expected {value:.6g}. Hint: {hint}.")
                 if abs(grad[b, t].item() - slope) > 1e-9:
                     if slope == 0.0:
