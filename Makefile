@@ -92,6 +92,7 @@ cache: $(STAMP)  ## rebuild the stale steps of the cached tiny run, then the res
 	$(PY) -m labkit all --preset tiny --rebuild-stale --threads 1
 	$(PY) -m labkit sweep --preset tiny --workers 2
 	$(PY) -m labkit sweep sweeps/chapter10.json --preset tiny --workers 2
+	$(PY) -m labkit sweep sweeps/ablations.json --preset tiny --workers 2
 	$(PY) -m labkit.book results-page
 	$(PY) -m labkit.book execute
 

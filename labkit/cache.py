@@ -93,6 +93,9 @@ STEPS = (
                                                   "labkit/overoptimisation.py", *DATA_FILES),
          ("warm_start/model.safetensors", "base/model.safetensors", "reward_model/model.safetensors",
           "reward_model/samples.jsonl.gz"), done_file="manifest.json"),
+    # chapters 2-3: the policy-gradient identity and the gradient's noise at the warm start
+    Step("gradient_study", "gradient_study", (*LEARNING_CODE, *ROLLOUT_CODE, "labkit/gradient_study.py", *DATA_FILES),
+         ("warm_start/model.safetensors",)),
 )
 STEP_NAMES = tuple(s.name for s in STEPS)
 

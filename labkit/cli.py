@@ -313,10 +313,11 @@ def cmd_sweep(args: argparse.Namespace) -> int:
             raise ValueError(f"--{name} {getattr(args, name)}: must be at least 1")
     sweep_file = args.file or sweep.DEFAULT_FILE
     runs = sweep.load_runs(sweep_file, args.preset)
-    specs = sweep.plan(args.preset, runs, threads=args.threads, starts=sweep.load_starts(sweep_file))
+    specs = sweep.plan(args.preset, runs, threads=args.threads, starts=sweep.load_starts(sweep_file),
+                       settings=sweep.load_settings(sweep_file), root=sweep.sweep_root(sweep_file, args.preset))
     if args.plan:
         for s in specs:
-            print(f"{s['name']:<20} {Path(s['folder']).name:<36} {'finished' if sweep._done(s) else 'to run'}")
+            print(f"{s['name']:<28} {Path(s['folder']).name:<44} {'finished' if sweep._done(s) else 'to run'}")
         return 0
     began = time.perf_counter()
     done = sweep.run_sweep(specs, workers=args.workers, scheduler=args.scheduler)
@@ -338,6 +339,22 @@ def cmd_reward_model(args: argparse.Namespace) -> int:
     held = manifest["metrics"]["held_out"]
     print(f"reward model: held-out precision {held['precision']:.3f}, recall {held['recall']:.3f}, accuracy "
           f"{held['accuracy']:.3f} on {held['n']} responses; in {args.run_dir or reward_model.default_run_dir(args.preset)}")
+    return 0
+
+
+def cmd_gradient_study(args: argparse.Namespace) -> int:
+    """Chapters 2-3: the policy-gradient identity on an enumerable game, and the estimator's noise at the warm start."""
+    import torch
+
+    from . import gradient_study
+
+    torch.set_num_threads(args.threads)
+    results = gradient_study.run_study(args.preset, args.run_dir, progress=not args.no_progress)
+    noise = results["noise"]["schemes"]
+    print("gradient study: signal-to-noise per batch of "
+          f"{results['noise']['P']} x G = {results['noise']['G']}: "
+          + ", ".join(f"{s} {noise[s]['snr']:.2f}" for s in gradient_study.ADVANTAGE_SCHEMES)
+          + f"; {results['seconds']:.0f} s")
     return 0
 
 
@@ -414,7 +431,7 @@ def _add_sft_arguments(p: argparse.ArgumentParser) -> None:
 
 COMMAND_ORDER = ("data", "pretrain", "warm-start", "sft", "sft-resume-check", "grpo", "grpo-resume-check",
                  "sampler-agreement", "evaluate", "results-json", "group-size",  # the protocol, in order
-                 "grpo-large", "sweep", "reward-model", "format-base", "overoptimisation", "all", "smoke", "cache",
+                 "grpo-large", "sweep", "gradient-study", "reward-model", "format-base", "overoptimisation", "all", "smoke", "cache",
                  "tune", "bench", "student")  # the tools
 
 
@@ -603,6 +620,14 @@ def _add_chapter10_commands(sub) -> None:
     p.add_argument("--preset", default="tiny", choices=["tiny", "qwen"], help="model preset (default: %(default)s)")
     common(p, "runs/<preset>/reward_model", "use only the first N train problems (default: all 1,000)")
     p.set_defaults(func=cmd_reward_model)
+
+    p = sub.add_parser("gradient-study", help="chapters 2-3: the policy-gradient identity, exactly, and the "
+                                              "gradient's noise under each advantage scheme at the warm start")
+    p.add_argument("--preset", default="tiny", help="only 'tiny' (default: %(default)s)")
+    p.add_argument("--run-dir", type=Path, default=None, help="output folder (default: runs/<preset>/gradient_study)")
+    p.add_argument("--threads", type=int, default=1, help="torch CPU threads (default: 1)")
+    p.add_argument("--no-progress", action="store_true", help="no progress line")
+    p.set_defaults(func=cmd_gradient_study)
 
     p = sub.add_parser("grpo-large", help="chapters 6-7: the larger GRPO run (32 prompts x G=8, its own rate, "
                                           "outside the protocol's counts), its evaluation and 64 draws for pass@k")

@@ -15,6 +15,7 @@
     format_base          python -m labkit format-base              format_base/    (tiny only, chapter 10)
     grpo_large           python -m labkit grpo-large               grpo_large/     (tiny only, chapters 6-7)
     overoptimisation     python -m labkit overoptimisation         overoptimisation/ (tiny only, chapter 10)
+    gradient_study       python -m labkit gradient-study           gradient_study/ (tiny only, chapters 2-3)
 
 A step whose output is finished is skipped (finished runs are evidence and are
 never overwritten); with `rebuild_stale`, a step that `labkit.cache` finds stale
@@ -52,6 +53,7 @@ def _done(preset: str, step: str) -> bool:
         "reward_model": lambda: is_finished(root / "reward_model"),
         "grpo_large": lambda: larger_run.is_built(preset),
         "overoptimisation": lambda: overoptimisation.is_built(preset),
+        "gradient_study": lambda: is_finished(root / "gradient_study"),
         "format_base": lambda: is_finished(root / "format_base") and is_finished(root / "format_base" / "evaluation"
                                                                                   / "format_base"),
     }
@@ -80,6 +82,7 @@ def _commands(preset: str, device: str | None, threads: int | None) -> list[tupl
         steps.append(("grpo_large", ["grpo-large", *threaded]))
         # CPU only, two worker processes of one thread each (its runs are recorded with that count)
         steps.append(("overoptimisation", ["overoptimisation", "--preset", preset, "--workers", "2", "--no-progress"]))
+        steps.append(("gradient_study", ["gradient-study", "--preset", preset, "--no-progress"]))
     return steps
 
 
@@ -87,7 +90,7 @@ def _commands(preset: str, device: str | None, threads: int | None) -> list[tupl
 CACHE_STEP = {"base": "base", "warm_start": "warm_start", "sft": "sft", "grpo": "grpo",
               "evaluation": "evaluation", "group_size": "group_size", "reward_model": "reward_model",
               "format_base": "format_base", "grpo_large": "grpo_large",
-              "overoptimisation": "overoptimisation"}
+              "overoptimisation": "overoptimisation", "gradient_study": "gradient_study"}
 
 
 def move_stale_aside(preset: str, only: tuple[str, ...] | None = None) -> list[tuple[str, Path]]:

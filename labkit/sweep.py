@@ -3,9 +3,14 @@
     python -m labkit sweep [FILE] [--workers N] [--scheduler ADDRESS]
 
 FILE (JSON, or TOML with a top-level `runs` array) lists the runs: each a `name`, the variant
-`options` of `labkit.variants.Variant` (unknown keys are an error) and optionally `start`, the
+`options` of `labkit.variants.Variant` (unknown keys are an error), optionally `start`, the
 finished step whose model the run starts from and keeps as its reference (default "warm_start";
-chapter 10 starts from "base" and "format_base").  For each run:
+chapter 10 starts from "base" and "format_base"), and optionally `config`, the budget and the
+loop's numbers changed for that run (the keys of `CONFIG_KEYS`).  At the top level, beside `runs`,
+`config` sets those for every run of the file (a run's own `config` wins), `sampler` picks the
+sampler ("reference", the default, or "fast") and `shared_prompts` (true or false) computes each
+prompt once per group when scoring (`labkit.shared_prompt`); the ablations (sweeps/ablations.json)
+use all three.  For each run:
 
 1. its folder is runs/<preset>/sweep/<name>-<fingerprint>, the fingerprint a digest of everything
    that makes its numbers: the preset's config, the variant, G, the iterations, the sampler, the
@@ -36,6 +41,10 @@ from .variants import Variant, needs_learned_verifier
 DEFAULT_FILE = REPO_ROOT / "sweeps" / "chapter9.json"
 RESULTS_FILE = "results.json"
 STARTS = ("warm_start", "base", "format_base")  # steps whose finished model a run may start from
+# The preset's numbers a sweep file may change, per run or for the whole file: the budget (prompts per
+# iteration, G, iterations, learning rate), the clip, the KL coefficient and the run's seed.
+CONFIG_KEYS = ("prompts_per_iteration", "group_size", "grpo_iterations", "grpo_lr", "clip_eps", "kl_coef", "seed")
+SAMPLERS = ("reference", "fast")
 
 
 def results_file(sweep_file: str | Path) -> str:
@@ -44,7 +53,7 @@ def results_file(sweep_file: str | Path) -> str:
     return RESULTS_FILE if sweep_file.resolve() == DEFAULT_FILE.resolve() else f"results-{sweep_file.stem}.json"
 
 
-def _read_spec(path: Path) -> list[dict]:
+def _read_file(path: Path) -> dict:
     if not path.is_file():
         raise FileNotFoundError(f"sweep file {path} does not exist")
     import tomllib
@@ -62,7 +71,63 @@ def _read_spec(path: Path) -> list[dict]:
     runs = spec.get("runs") if isinstance(spec, dict) else None
     if not isinstance(runs, list) or not runs:
         raise ValueError(f"{path}: expected a top-level 'runs' list of {{'name', 'options'}}")
-    return runs
+    unknown = sorted(set(spec) - {"runs", "config", "sampler", "shared_prompts", "folder", "about"})
+    if unknown:
+        raise ValueError(f"{path}: unknown top-level key(s) {unknown}; expected 'runs' and optionally 'config', "
+                         "'sampler', 'shared_prompts', 'folder' and 'about'")
+    folder = spec.get("folder", "")
+    if not isinstance(folder, str) or not all(c.isalnum() or c in "_-" for c in folder):
+        raise ValueError(f"{path}: folder {folder!r}: expected a name of letters, digits, '_' or '-'")
+    return spec
+
+
+def _read_spec(path: Path) -> list[dict]:
+    return _read_file(path)["runs"]
+
+
+def _checked_config(path: Path, where: str, config) -> dict:
+    """A sweep file's `config` object, its keys among CONFIG_KEYS and its values numbers of the right kind."""
+    if config is None:
+        return {}
+    if not isinstance(config, dict):
+        raise ValueError(f"{path}: {where} config {config!r}: expected an object, e.g. {{\"clip_eps\": 0.2}}")
+    unknown = sorted(set(config) - set(CONFIG_KEYS))
+    if unknown:
+        raise ValueError(f"{path}: {where} config has unknown key(s) {unknown}; a sweep may change {list(CONFIG_KEYS)}")
+    for key, value in config.items():
+        integer = key in ("prompts_per_iteration", "group_size", "grpo_iterations", "seed")
+        kinds = (int,) if integer else (int, float)
+        if isinstance(value, bool) or not isinstance(value, kinds) or (key not in ("seed", "kl_coef") and not value > 0) \
+                or (key == "kl_coef" and not value >= 0) or (key == "group_size" and value < 2):
+            rule = ("an integer >= 2" if key == "group_size" else "an integer" if key == "seed"
+                    else "a positive integer" if integer else "a number >= 0" if key == "kl_coef" else "a number > 0")
+            raise ValueError(f"{path}: {where} config {key}={value!r}: expected {rule}")
+    return dict(config)
+
+
+def sweep_root(path: str | Path, preset: str) -> Path:
+    """Where a sweep file's runs go: runs/<preset>/sweep/, or its `folder` under it (the ablations keep
+    theirs apart, so that their names, such as `grpo`, never meet chapter 9's)."""
+    folder = _read_file(Path(path)).get("folder", "")
+    return preset_folder(preset, "sweep", folder) if folder else preset_folder(preset, "sweep")
+
+
+def load_settings(path: str | Path) -> dict[str, dict]:
+    """{name: {"config": {...}, "sampler": ..., "shared_prompts": ...}} of a sweep file's runs: the
+    file's own settings with each run's `config` laid over them (a run's key wins)."""
+    path = Path(path)
+    spec = _read_file(path)
+    common = _checked_config(path, "the file's", spec.get("config"))
+    sampler = spec.get("sampler", "reference")
+    if sampler not in SAMPLERS:
+        raise ValueError(f"{path}: sampler {sampler!r}: expected one of {SAMPLERS}")
+    shared = spec.get("shared_prompts", False)
+    if not isinstance(shared, bool):
+        raise ValueError(f"{path}: shared_prompts {shared!r}: expected true or false")
+    return {entry.get("name", ""): {"config": {**common, **_checked_config(path, f"run {entry.get('name')!r}'s",
+                                                                            entry.get("config"))},
+                                    "sampler": sampler, "shared_prompts": shared}
+            for entry in spec["runs"] if isinstance(entry, dict)}
 
 
 def load_runs(path: str | Path, preset: str = "tiny") -> list[tuple[str, Variant]]:
@@ -74,10 +139,12 @@ def load_runs(path: str | Path, preset: str = "tiny") -> list[tuple[str, Variant
     path = Path(path)
     out, seen = [], set()
     for k, entry in enumerate(_read_spec(path)):
-        unknown = sorted(set(entry) - {"name", "options", "start"})
+        if not isinstance(entry, dict):
+            raise ValueError(f"{path}: run {k} {entry!r}: expected an object with 'name' and 'options'")
+        unknown = sorted(set(entry) - {"name", "options", "start", "config"})
         if unknown:
             raise ValueError(f"{path}: run {k} has unknown key(s) {unknown}; expected 'name', 'options' "
-                             "and optionally 'start'")
+                             "and optionally 'start' and 'config'")
         if entry.get("start", "warm_start") not in STARTS:
             raise ValueError(f"{path}: run {k} start {entry['start']!r}: expected one of {STARTS}")
         name = entry.get("name", "")
@@ -128,6 +195,8 @@ def fingerprint(spec: dict) -> str:
     identity = {"config": config.to_dict(), "variant": spec["options"], "group_size": spec["group_size"],
                 "iterations": spec["iterations"], "sampler": spec["sampler"],
                 "start_sha256": sha256_file(spec["start_file"]), "inputs_sha256": code,
+                # only where a file asks for it, so that chapter 9's runs keep the fingerprints they had
+                **({"shared_prompts": True} if spec.get("shared_prompts") else {}),
                 # the proxy a learned-reward run optimises makes its numbers too
                 **({"reward_model_sha256": spec["reward_model_sha256"]} if "reward_model_sha256" in spec else {})}
     return hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()[:12]
@@ -160,7 +229,8 @@ def run_one(spec: dict) -> dict:
         variant = Variant.from_dict(spec["options"])
         grpo.run_grpo(config, folder, group_size=spec["group_size"], iterations=spec["iterations"],
                       start_file=spec["start_file"], sampler=spec["sampler"], progress=False, restart=True,
-                      variant=variant, learned_verifier=learned_verifier(variant, spec["preset"]))
+                      variant=variant, learned_verifier=learned_verifier(variant, spec["preset"]),
+                      shared_prompts=spec.get("shared_prompts", False))
         trained = True
     evaluated = False
     if spec.get("evaluate", True) and not RunFolder(folder / "evaluation" / "grpo").is_finished():
@@ -174,9 +244,13 @@ def run_one(spec: dict) -> dict:
 def plan(preset: str, runs: list[tuple[str, Variant]], *, root: str | Path | None = None,
          iterations: int | None = None, start_file: str | Path | None = None, sampler: str = "reference",
          config_overrides: dict | None = None, eval_limit: int | None = None, evaluate: bool = True,
-         threads: int = 1, starts: dict[str, str] | None = None) -> list[dict]:
+         threads: int = 1, starts: dict[str, str] | None = None,
+         settings: dict[str, dict] | None = None) -> list[dict]:
     """The specs of the sweep's runs, each with its fingerprinted folder.
 
+    settings: {name: {"config", "sampler", "shared_prompts"}} from `load_settings`: a run's budget
+    and numbers (G and the iterations become the run's own; the rest config overrides), its
+    sampler and its scoring; where a run has none, the arguments' values.
     iterations: each run's budget (default: the preset's grpo_iterations, the protocol's 100)
     start_file: one model every run starts from (tests); else each run's step in `starts`
     (`load_starts`; default "warm_start"), checked finished."""
@@ -190,10 +264,16 @@ def plan(preset: str, runs: list[tuple[str, Variant]], *, root: str | Path | Non
     for name, variant in runs:
         start_step = "given" if start_file is not None else (starts or {}).get(name, "warm_start")
         start = Path(start_file) if start_file is not None else start_model(preset, start_step)
-        spec = {"name": name, "preset": preset, "options": variant.to_dict(), "group_size": config.group_size,
-                "iterations": iterations, "sampler": sampler, "start_file": str(start),
-                "config_overrides": dict(config_overrides or {}), "eval_limit": eval_limit, "evaluate": evaluate,
+        own = (settings or {}).get(name, {})
+        overrides = {**(config_overrides or {}), **own.get("config", {})}
+        run_g = overrides.pop("group_size", config.group_size)
+        run_iterations = overrides.pop("grpo_iterations", iterations)
+        spec = {"name": name, "preset": preset, "options": variant.to_dict(), "group_size": run_g,
+                "iterations": run_iterations, "sampler": own.get("sampler", sampler), "start_file": str(start),
+                "config_overrides": overrides, "eval_limit": eval_limit, "evaluate": evaluate,
                 "threads": threads, "start": start_step}
+        if own.get("shared_prompts"):
+            spec["shared_prompts"] = True
         if needs_learned_verifier(variant):
             spec["reward_model_sha256"] = sha256_file(reward_model.model_file(preset))
         spec["folder"] = str(root / f"{name}-{fingerprint(spec)}")

@@ -11,9 +11,9 @@ def _verdicts(stale: set[str]) -> dict:
 
 @pytest.mark.parametrize("stale, expected", [
     ({"base"}, ["base", "warm_start", "sft", "grpo", "evaluation", "group_size", "reward_model", "format_base",
-                "grpo_large", "overoptimisation"]),
+                "grpo_large", "overoptimisation", "gradient_study"]),
     ({"warm_start"}, ["warm_start", "sft", "grpo", "evaluation", "group_size", "reward_model", "grpo_large",
-                      "overoptimisation"]),
+                      "overoptimisation", "gradient_study"]),
     ({"grpo_large"}, ["grpo_large"]),
     ({"grpo"}, ["grpo", "evaluation", "group_size"]),
     ({"sft"}, ["sft", "evaluation", "group_size", "reward_model", "overoptimisation"]),
@@ -22,6 +22,7 @@ def _verdicts(stale: set[str]) -> dict:
     ({"format_base"}, ["format_base"]),
     ({"evaluation"}, ["evaluation", "group_size"]),
     ({"group_size"}, ["group_size"]),
+    ({"gradient_study"}, ["gradient_study"]),
     (set(), []),
 ])
 def test_a_rebuilt_step_takes_everything_downstream_with_it(stale, expected):

@@ -38,6 +38,55 @@ def test_the_committed_sweep_file_lists_the_chapters_runs():
     assert random.random_reward_p == read_json(sweep.REPO_ROOT / "runs/tiny/group_size/warm_start_p.json")["p"]
 
 
+def test_a_sweep_file_may_set_each_runs_budget_sampler_and_folder(tmp_path):
+    """The file's `config` is every run's, a run's own `config` wins; G and the iterations become the
+    run's, the rest config overrides; `folder` keeps the runs apart from chapter 9's."""
+    path = tmp_path / "ablations.json"
+    path.write_text(json.dumps({
+        "config": {"prompts_per_iteration": 16, "group_size": 8, "grpo_iterations": 40, "grpo_lr": 1e-4},
+        "sampler": "fast", "shared_prompts": True, "folder": "ablations",
+        "runs": [{"name": "grpo", "options": {}},
+                 {"name": "split", "options": {}, "config": {"prompts_per_iteration": 64, "group_size": 2}},
+                 {"name": "no_clip", "options": {"updates_per_iteration": 4}, "config": {"clip_eps": 1e9}}]}))
+    settings = sweep.load_settings(path)
+    assert settings["split"]["config"] == {"prompts_per_iteration": 64, "group_size": 2, "grpo_iterations": 40,
+                                           "grpo_lr": 1e-4}
+    assert sweep.sweep_root(path, "tiny") == sweep.REPO_ROOT / "runs" / "tiny" / "sweep" / "ablations"
+    model = tmp_path / "model.safetensors"
+    model.write_bytes(b"a start")
+    grpo_spec, split, no_clip = sweep.plan("tiny", sweep.load_runs(path), root=tmp_path, start_file=model,
+                                           settings=settings)
+    assert (grpo_spec["group_size"], grpo_spec["iterations"]) == (8, 40)
+    assert grpo_spec["config_overrides"] == {"prompts_per_iteration": 16, "grpo_lr": 1e-4}
+    assert (split["group_size"], split["config_overrides"]["prompts_per_iteration"]) == (2, 64)
+    assert no_clip["config_overrides"]["clip_eps"] == 1e9 and no_clip["options"]["updates_per_iteration"] == 4
+    assert grpo_spec["sampler"] == "fast" and grpo_spec["shared_prompts"] is True
+    plain = sweep.plan("tiny", [("grpo", Variant())], root=tmp_path, start_file=model)[0]
+    assert "shared_prompts" not in plain and plain["folder"] != grpo_spec["folder"]
+    for bad, message in (({"config": {"clip": 0.2}}, r"unknown key\(s\) \['clip'\]"),
+                         ({"config": {"kl_coef": -1}}, r"kl_coef=-1: expected a number >= 0"),
+                         ({"config": {"group_size": 1}}, r"group_size=1: expected an integer >= 2"),
+                         ({"config": {"grpo_iterations": 2.5}}, r"grpo_iterations=2.5: expected a positive integer"),
+                         ({"sampler": "gpu"}, r"sampler 'gpu': expected one of"),
+                         ({"shared_prompts": "yes"}, r"shared_prompts 'yes': expected true or false"),
+                         ({"folder": "../elsewhere"}, r"folder '../elsewhere': expected a name"),
+                         ({"seeds": 3}, r"unknown top-level key\(s\) \['seeds'\]")):
+        path.write_text(json.dumps({"runs": [{"name": "a", "options": {}}], **bad}))
+        with pytest.raises(ValueError, match=message):
+            sweep.load_settings(path)
+    path.write_text(json.dumps({"runs": [{"name": "a", "options": {}, "config": {"beta": 1}}]}))
+    with pytest.raises(ValueError, match=r"run 'a''s config has unknown key\(s\) \['beta'\]"):
+        sweep.load_settings(path)
+
+
+def test_chapter9s_runs_keep_their_committed_folders():
+    """The sweep file's new settings left the fingerprints of the runs that use none of them alone."""
+    specs = sweep.plan("tiny", sweep.load_runs(sweep.DEFAULT_FILE), settings=sweep.load_settings(sweep.DEFAULT_FILE),
+                       root=sweep.sweep_root(sweep.DEFAULT_FILE, "tiny"))
+    committed = {p.name for p in (sweep.REPO_ROOT / "runs" / "tiny" / "sweep").iterdir() if p.is_dir()}
+    assert {Path(s["folder"]).name for s in specs} <= committed
+
+
 @pytest.fixture(scope="module")
 def start_file(tmp_path_factory):
     path = tmp_path_factory.mktemp("start") / "model.safetensors"
