@@ -32,6 +32,8 @@ exact test of two counts (labkit.paired.two_proportion_test).
 
 from __future__ import annotations
 
+import json
+
 import math
 from pathlib import Path
 
@@ -346,6 +348,37 @@ def _pass_at_k_section(results: dict, policies: list[str]) -> list[str]:
     return out
 
 
+def _ablation_section(run: Path) -> list[str]:
+    """The ablation sweep's table (labkit.ablations), for the tiny run whose sweep is built; else nothing."""
+    from . import ablations
+
+    if run.resolve() != DEFAULT_RUN.resolve():
+        return []
+    try:
+        rows = ablations.table()
+    except FileNotFoundError:
+        return ["", "## What each piece does (chapters 2-8)", "",
+                "The ablation sweep is not built for this code: `python -m labkit sweep sweeps/ablations.json`."]
+    config = json.loads(ablations.SWEEP_FILE.read_text())["config"]
+    out = ["", "## What each piece does: the ablation sweep (chapters 2-8)", "",
+           f"Every run starts from the warm start at {config['prompts_per_iteration']} prompts x G = "
+           f"{config['group_size']}, {config['grpo_iterations']} iterations, rate {config['grpo_lr']:g} "
+           "(`sweeps/ablations.json`), with the same prompts and seeds as `grpo`, and changes what its row says. "
+           "Differences are against `grpo`, paired: on the test (200 problems x 4 draws) and on the last "
+           "fixed-prompt validation checkpoint (64 problems x 4 draws), with the permutation test's p. The last "
+           "three columns are means over the last 10 iterations.", "",
+           "| run | what it changes | test per draw | vs grpo, test (p) | vs grpo, validation (p) | KL at the end "
+           "| tokens clipped | groups with no signal |",
+           "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+    for r in sorted(rows, key=lambda r: (r["chapter"], r["name"])):
+        vs = (lambda d, p: f"{100 * d:+.1f} ({_p(p)})")
+        out.append(f"| `{r['name']}` | {r['changes']} | {_pct(r['test_per_draw'])} | "
+                   + (f"{vs(r['test_difference'], r['test_p'])} | {vs(r['validation_difference'], r['validation_p'])}"
+                      if "test_p" in r else "| ")
+                   + f" | {r['kl_end']:.4f} | {_pct(r['clip_end'])} | {_pct(r['zero_signal'])} |")
+    return out
+
+
 def _times_rows(run: Path) -> list[str]:
     """The wall-time table of protocol_times.json (none without the file)."""
     times = run / "protocol_times.json"
@@ -419,7 +452,8 @@ def _summary(note: str, rates: dict, by_pair: dict, main: list[str], problems: i
                 summary.append(f"- {verdict(rates, mode, 'ALL', better, than, comparison=by_pair[(than, better)])}")
     summary += ["",
                 f"Everything else (the paired table on every population, chance baselines, pass@k, the group-size "
-                f"branches, the larger run, training, wall times and the protocol authors' own figures) is on "
+                f"branches, the larger run, the ablation sweep (what each piece of GRPO does, chapters 2-8), training, "
+                f"wall times and the protocol authors' own figures) is on "
                 f"[Results in detail]({DETAIL})."]
     return summary
 
@@ -483,6 +517,7 @@ def _page(run: str | Path = DEFAULT_RUN) -> tuple[str, str, bytes]:
                        "table above.")
     if LARGE in dirs:
         out += [""] + _large_section(rates["policies"][LARGE])
+    out += _ablation_section(run)
     out += ["", "## Training", ""]
     out += _training_rows(run)
     out += _times_rows(run)

@@ -20,6 +20,11 @@ Cell-tag convention for chapter authors (set tags in the cell metadata, `"tags":
   turn" error until the student writes the solution.  If no cell after a solution is tagged
   `check`, the first later code cell that calls a function named `check...` is taken as its
   checker; tag it anyway.
+- `prediction` and `reveal`: a predict-then-run exercise.  The `prediction` cell holds the
+  student's `prediction = ...` (kept as it is, with the instructor's stored prediction, so that the
+  copy runs); the `reveal` cell after it loads the committed runs and calls
+  `labkit.exercises.check_prediction`.  Its outputs are cleared in the student copy, so that the
+  answer is not on the page before the student has predicted.
 - Every other cell must run without the solution: nothing outside `check` cells may use what
   the solution defines.  tests/test_student_copies.py executes the student copies and holds
   every chapter to this.
@@ -44,6 +49,7 @@ from .runs import REPO_ROOT
 SOLUTION_TAG = "solution"
 HIDDEN_SOLUTION_TAG = "hide-input"  # every solution cell also carries it: folded in the instructor's book
 CHECK_TAG = "check"
+PREDICTION_TAG, REVEAL_TAG = "prediction", "reveal"  # a predict-then-run exercise's two cells
 NOTEBOOKS_DIR = REPO_ROOT / "notebooks"
 
 
@@ -206,6 +212,9 @@ def student_notebook(nb, name: str = "notebook"):
         solution.metadata["tags"] = [t for t in tags(solution) if t != HIDDEN_SOLUTION_TAG]
         _clear_outputs(solution)
         _clear_outputs(student.cells[exercise.check_index])
+    for cell in student.cells:  # a prediction's answer is revealed only when the student runs the cell
+        if REVEAL_TAG in tags(cell):
+            _clear_outputs(cell)
     student.metadata.setdefault("labkit", {})["copy"] = "student"
     return student, exercises
 

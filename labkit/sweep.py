@@ -98,9 +98,12 @@ def _checked_config(path: Path, where: str, config) -> dict:
         integer = key in ("prompts_per_iteration", "group_size", "grpo_iterations", "seed")
         kinds = (int,) if integer else (int, float)
         if isinstance(value, bool) or not isinstance(value, kinds) or (key not in ("seed", "kl_coef") and not value > 0) \
-                or (key == "kl_coef" and not value >= 0) or (key == "group_size" and value < 2):
+                or (key == "kl_coef" and not value >= 0) or (key == "group_size" and value < 2) \
+                or (key == "clip_eps" and not value < 1):
             rule = ("an integer >= 2" if key == "group_size" else "an integer" if key == "seed"
-                    else "a positive integer" if integer else "a number >= 0" if key == "kl_coef" else "a number > 0")
+                    else "a positive integer" if integer else "a number >= 0" if key == "kl_coef"
+                    else "a number in (0, 1): the ratio is clipped to [1 - clip_eps, 1 + clip_eps]" if key == "clip_eps"
+                    else "a number > 0")
             raise ValueError(f"{path}: {where} config {key}={value!r}: expected {rule}")
     return dict(config)
 
@@ -290,21 +293,35 @@ def run_sweep(specs: list[dict], *, workers: int = 2, scheduler: str | None = No
                 print(f"{s['name']}: finished, read from {Path(s['folder']).name}", flush=True)
     if not todo:
         return []
-    summaries = []
+    summaries, failures = [], []
     if scheduler is not None:
         from distributed import Client, as_completed as dask_completed
 
         with Client(scheduler) as client:
             futures = client.map(run_one, todo, pure=False)
+            names = {f.key: s["name"] for f, s in zip(futures, todo)}
             for future in dask_completed(futures):
-                summaries.append(_report(future.result(), progress))
+                _collect(future, names[future.key], summaries, failures, progress)
     else:
         import multiprocessing
 
         with ProcessPoolExecutor(max_workers=workers, mp_context=multiprocessing.get_context("spawn")) as pool:
-            for future in as_completed([pool.submit(run_one, s) for s in todo]):
-                summaries.append(_report(future.result(), progress))
+            names = {pool.submit(run_one, s): s["name"] for s in todo}
+            for future in as_completed(names):
+                _collect(future, names[future], summaries, failures, progress)
+    if failures:  # the other runs went on and are kept; a rerun reads them and retries only these
+        raise RuntimeError(f"{len(failures)} sweep run(s) failed: "
+                           + "; ".join(f"{name}: {type(err).__name__}: {err}" for name, err in failures))
     return summaries
+
+
+def _collect(future, name: str, summaries: list, failures: list, progress: bool) -> None:
+    try:
+        summaries.append(_report(future.result(), progress))
+    except Exception as err:  # noqa: BLE001  (reported by name with the others, after every run has ended)
+        failures.append((name, err))
+        if progress:
+            print(f"{name}: FAILED ({type(err).__name__}: {err})", flush=True)
 
 
 def retire_stale(specs: list[dict]) -> list[Path]:

@@ -120,3 +120,22 @@ def test_there_are_chapters_to_check():
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.stem for p in NOTEBOOKS])
 def test_every_uncompared_cell_is_still_checked(path):
     assert tag_problems(nbformat.read(path, as_version=4)) == []
+
+
+PREDICTING = [p for p in NOTEBOOKS if p.name[:2] in {"02", "03", "04", "05", "06", "07", "08"}]
+
+
+@pytest.mark.parametrize("path", PREDICTING, ids=lambda p: p.name)
+def test_chapters_2_to_8_each_have_a_predict_then_run_exercise(path):
+    """A `prediction` cell that sets `prediction`, right after a Markdown cell that asks the question
+    ("Predict, then run"), and right before a `reveal` cell that compares it with the runs."""
+    cells = nbformat.read(path, as_version=4).cells
+    found = [k for k, c in enumerate(cells) if "prediction" in _tags(c)]
+    assert found, f"{path.name} has no cell tagged 'prediction'"
+    for k in found:
+        assert re.search(r"^prediction = ", cells[k].source, re.MULTILINE), f"{path.name} cell {k} sets no prediction"
+        assert cells[k - 1].cell_type == "markdown" and "Predict, then run" in cells[k - 1].source
+        assert "reveal" in _tags(cells[k + 1]) and re.search(r"\b(reveal_\w+|check_prediction)\(prediction\)",
+                                                            cells[k + 1].source), f"{path.name} cell {k + 1}"
+        assert any("Your prediction" in o.get("text", "") for o in cells[k + 1].outputs), \
+            f"{path.name} cell {k + 1}: the stored output shows no comparison"

@@ -166,3 +166,15 @@ def test_student_copy_of_chapter_1_runs_and_its_check_says_your_turn(tmp_path):
             assert len(errors) == 1 and "Your turn: write" in errors[0].evalue, f"check cell {index}: {errors}"
         else:
             assert errors == [], f"cell {index} fails in the student copy: {errors[0].ename}: {errors[0].evalue}"
+
+
+def test_a_prediction_is_kept_and_its_reveal_is_cleared():
+    """Predict, then run: the student keeps the prediction cell as it is (so the copy runs) and sees the
+    answer only when they run the reveal cell."""
+    nb = _notebook(new_markdown_cell("### Predict, then run"),
+                   _code('prediction = "halves"', tags=["prediction"], output=""),
+                   _code("result = reveal(prediction)", tags=["reveal"], output="Measured: halves\n"))
+    copy_nb, exercises = student.student_notebook(nb, "ch02.ipynb")
+    assert exercises == []
+    assert copy_nb.cells[1] == nb.cells[1]
+    assert copy_nb.cells[2].outputs == [] and copy_nb.cells[2].source == nb.cells[2].source

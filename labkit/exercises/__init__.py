@@ -28,9 +28,11 @@ from .ch08 import (CH08_ADVANTAGE_SIGNATURE, CH08_CASES, CH08_MIXED_CASES, check
 from .ch09 import CH09_HINTS, CH09_RATIO_HINTS, CH09_ROLES, check_ch09_one_update_run, check_ch09_ratio_stays_one
 from .ch09 import _ch09_cases, _ch09_history  # noqa: F401  (private, but tests/test_exercises_ch09.py builds the cases)
 from .ch10 import CH10_CASES, CH10_HINTS, check_ch10_carries
+from .predict import check_prediction
 
 __all__ = [
     "ExerciseError",
+    "check_prediction",
     "call_student",
     "require_function",
     "CH01_HINTS",

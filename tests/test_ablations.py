@@ -1,0 +1,127 @@
+"""The ablation sweep (issue 40): what the chapters say about its design is what sweeps/ablations.json
+holds, every pair differs only in the piece its name says, the committed runs are complete for this
+code, and the numbers the chapters quote are recomputed from the runs' own files."""
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+
+from labkit import ablations, sweep
+from labkit.config import get_preset
+
+SPEC = json.loads(ablations.SWEEP_FILE.read_text())
+
+
+def test_the_sweep_file_is_the_design_the_chapters_describe():
+    assert SPEC["config"] == {"prompts_per_iteration": 16, "group_size": 8, "grpo_iterations": 40, "grpo_lr": 1e-4}
+    assert (SPEC["sampler"], SPEC["shared_prompts"], SPEC["folder"]) == ("fast", True, "ablations")
+    names = [r["name"] for r in SPEC["runs"]]
+    assert sorted(names) == sorted([ablations.PARTNER, *ablations.CHANGES])
+    settings = sweep.load_settings(ablations.SWEEP_FILE)
+    betas = sorted(settings[n]["config"].get("kl_coef", get_preset("tiny").kl_coef) for n in names if n.startswith("beta"))
+    assert betas == [0.0, 0.2, 1.0, 5.0] and get_preset("tiny").kl_coef == 0.02  # with the partner's 0.02
+    for name in ("split_64x2", "split_32x4", "split_8x16"):
+        c = settings[name]["config"]
+        assert c["prompts_per_iteration"] * c["group_size"] == 16 * 8 == 128  # one budget of rollouts, split
+    assert {n for n in names if settings[n]["config"].get("clip_eps") == 0.99} == {
+        "updates_2_clip_0p99", "updates_4_clip_0p99", "updates_16_clip_0p99", "updates_16_clip_0p99_rate_3e-4"}
+    assert {n: settings[n]["config"].get("seed") for n in names if "seed" in n} == {
+        f"{m}_seed_{k}": 1233 + k for m in ("grpo", "rft", "sft") for k in (2, 3)}
+
+
+def _differences(spec: dict, partner: dict) -> set[str]:
+    out = {f"options.{k}" for k in spec["options"] if spec["options"][k] != partner["options"][k]}
+    keys = set(spec["config_overrides"]) | set(partner["config_overrides"])
+    out |= {f"config.{k}" for k in keys if spec["config_overrides"].get(k) != partner["config_overrides"].get(k)}
+    return out | ({"group_size"} if spec["group_size"] != partner["group_size"] else set())
+
+
+EXPECTED_DIFFERENCES = {
+    "mean_only": {"options.scale_by_std"}, "updates_1": {"options.updates_per_iteration"},
+    "updates_2_clip_0p99": {"config.clip_eps"}, "updates_4": {"options.updates_per_iteration"},
+    "updates_4_clip_0p99": {"options.updates_per_iteration", "config.clip_eps"},
+    "updates_16": {"options.updates_per_iteration"},
+    "updates_16_clip_0p99": {"options.updates_per_iteration", "config.clip_eps"},
+    "updates_16_rate_3e-4": {"options.updates_per_iteration", "config.grpo_lr"},
+    "updates_16_clip_0p99_rate_3e-4": {"options.updates_per_iteration", "config.grpo_lr", "config.clip_eps"},
+    **{b: {"config.kl_coef"} for b in ("beta_0", "beta_0p2", "beta_1", "beta_5")},
+    **{s: {"config.prompts_per_iteration", "group_size"} for s in ("split_64x2", "split_32x4", "split_8x16")},
+    "grpo_seed_2": {"config.seed"}, "grpo_seed_3": {"config.seed"},
+    "rft": {"options.objective", "options.kl"}, "sft": {"options.objective", "options.kl"},
+    **{f"{m}_seed_{k}": {"options.objective", "options.kl", "config.seed"} for m in ("rft", "sft") for k in (2, 3)},
+}
+
+
+def test_every_run_differs_from_its_partner_only_in_the_piece_it_names():
+    specs = {s["name"]: s for s in ablations.specs()}
+    partner = specs[ablations.PARTNER]
+    assert {n: _differences(s, partner) for n, s in specs.items() if n != ablations.PARTNER} == EXPECTED_DIFFERENCES
+    assert len({s["start_file"] for s in specs.values()}) == 1  # every run from the warm start
+    assert {s["iterations"] for s in specs.values()} == {40}
+
+
+def test_the_committed_ablation_runs_are_complete_for_this_code():
+    """`python -m labkit sweep sweeps/ablations.json` would train nothing; the results file lists every run."""
+    runs = ablations.load()  # raises, naming the run, when one is not built under its current fingerprint
+    results = json.loads((sweep.sweep_root(ablations.SWEEP_FILE, "tiny") / "results-ablations.json").read_text())
+    assert {n: results["runs"][n]["folder"] for n in results["runs"]} == {n: r.folder.name for n, r in runs.items()}
+
+
+def test_a_summary_is_its_runs_own_files_recomputed():
+    run = ablations.load()["updates_16_rate_3e-4"]
+    history = json.loads((run.folder / "history.json").read_text())
+    s = ablations.summary(run)
+    assert s["kl_end"] == pytest.approx(sum(h["kl"] for h in history[-10:]) / 10, rel=1e-12)
+    assert s["clip_max"] == max(h["clip_ratio/region_mean"] for h in history)
+    assert s["zero_signal_all"] == pytest.approx(sum(h["frac_reward_zero_std"] for h in history) / len(history))
+    last = [json.loads(line) for line in (run.folder / "checkpoints.jsonl").read_text().splitlines()][-1]
+    assert s["validation_per_draw"] == last["sampled_success"] == sum(last["draws_correct"]) / (4 * 64)
+    rows = [json.loads(line) for line in _gunzip(run.evaluation / "predictions-sample.jsonl.gz")]
+    assert len(rows) == 800
+
+
+def _gunzip(path: Path) -> list[str]:
+    import gzip
+
+    return gzip.decompress(path.read_bytes()).decode().splitlines()
+
+
+def test_a_paired_comparison_is_antisymmetric():
+    runs = ablations.load()
+    ab = ablations.compare(runs["grpo"], runs["beta_5"])
+    ba = ablations.compare(runs["beta_5"], runs["grpo"])
+    assert ab["test_sample"]["mean_difference"] == -ba["test_sample"]["mean_difference"]
+    assert ab["test_greedy"]["gained"] == ba["test_greedy"]["lost"]
+    assert math.isclose(ab["validation"]["mean_difference"], -ba["validation"]["mean_difference"])
+
+
+@pytest.mark.parametrize("reveal, prediction, tolerance", [
+    (ablations.reveal_identity, "halves", None), (ablations.reveal_baseline, "raw reward", None),
+    (ablations.reveal_clip, "not separable", None), (ablations.reveal_leash, 1.0, None),
+    (ablations.reveal_seeds, 1.0, 1.0), (ablations.reveal_separable, 0, None), (ablations.reveal_split, 0.5, 0.05)])
+def test_every_reveal_measures_from_the_files_and_explains(reveal, prediction, tolerance, capsys):
+    result = reveal(prediction)
+    out = capsys.readouterr().out
+    assert "Your prediction" in out and "Why: " in out
+    if tolerance is None:
+        assert result["right"] == (result["measured"] == prediction)
+    else:
+        assert result["right"] == (abs(result["measured"] - prediction) <= tolerance)
+
+
+def test_the_gradient_study_is_read_only_when_its_digest_holds(tmp_path, monkeypatch):
+    import shutil
+
+    from labkit import runs
+
+    source = runs.preset_folder("tiny", "gradient_study")
+    copy = tmp_path / "runs" / "tiny" / "gradient_study"
+    shutil.copytree(source, copy)
+    monkeypatch.setattr(runs, "preset_folder", lambda preset, *names: tmp_path.joinpath("runs", preset, *names))
+    assert ablations.gradient_study_results()["format"] == "labkit gradient study v1"
+    text = (copy / "results.json").read_text()
+    (copy / "results.json").write_text(text.replace('"trials": 2000', '"trials": 2001'))
+    with pytest.raises(ValueError, match="does not match the digest in its FINISHED marker"):
+        ablations.gradient_study_results()

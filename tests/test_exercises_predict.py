@@ -1,0 +1,36 @@
+"""Predict, then run: a wrong prediction is compared and explained, a malformed one is refused with the slip named."""
+
+import pytest
+
+from labkit.exercises import ExerciseError, check_prediction
+
+
+def test_a_number_is_compared_within_its_tolerance(capsys):
+    out = check_prediction(0.30, 0.27, tolerance=0.05, share=True, why="because.")
+    assert out == {"prediction": 0.30, "measured": 0.27, "right": True}
+    assert "Measured: 0.27 (your gap +0.03; within 0.05 counts as right): right." in capsys.readouterr().out
+    out = check_prediction(0.60, 0.27, tolerance=0.05, share=True, why="because.")
+    assert out["right"] is False
+    text = capsys.readouterr().out
+    assert "your gap +0.33" in text and "not this time." in text and "Why: because." in text
+
+
+def test_a_choice_is_right_only_when_it_is_the_runs_answer(capsys):
+    assert check_prediction("halves", "halves", choices=("stays", "halves", "quarters"), why="1/sqrt(N).")["right"]
+    assert not check_prediction("quarters", "halves", choices=("stays", "halves", "quarters"), why=".")["right"]
+    assert "The runs: halves.  Not this time." in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("prediction, kwargs, message", [
+    (None, {"tolerance": 0.1}, "prediction is still empty: set `prediction` to a number"),
+    (..., {"choices": ("a", "b")}, r"still empty: set `prediction` to one of \['a', 'b'\]"),
+    ("0.3", {"tolerance": 0.1, "share": True}, r"prediction '0.3' is not a number: write a number such as 0.3"),
+    (True, {"tolerance": 0.1}, "prediction True is not a number"),
+    (float("nan"), {"tolerance": 0.1}, "prediction nan is not a number"),
+    (30, {"tolerance": 0.1, "share": True}, r"looks like a percentage: write a share as a fraction \(0.3 for 30%\)"),
+    (-0.2, {"tolerance": 0.1, "low": 0.0, "high": 1.0}, r"outside \[0.0, 1.0\]"),
+    ("c", {"choices": ("a", "b")}, r"prediction 'c' is not one of the choices \['a', 'b'\]"),
+])
+def test_a_prediction_that_cannot_be_compared_names_the_slip(prediction, kwargs, message):
+    with pytest.raises(ExerciseError, match=message):
+        check_prediction(prediction, 0.5 if "choices" not in kwargs else "a", why=".", **kwargs)
