@@ -14,6 +14,8 @@ runs/<preset>/sweep/ablations/<name>-<fingerprint>/ (labkit.sweep).
     ablations.table()                  one row per run against `grpo` (the results page's table)
     ablations.seed_spread(method)      three training seeds of one method: the spread an effect must beat
 
+Each chapter's predict-then-run question is answered from these by labkit.exercises.reveal.
+
 Every comparison is paired (labkit.paired): the same problems, the same evaluation seeds.
 """
 
@@ -35,13 +37,13 @@ LAST_ITERATIONS = 10  # "at the end" of a run: the mean over its last 10 iterati
 CHANGES = {
     "mean_only": (3, "no division by the group's std (A = r - mean: Dr. GRPO)"),
     "updates_1": (4, "1 update per batch (the ratio is exactly 1: the clip cannot act)"),
-    "updates_2_no_clip": (4, "2 updates per batch, no clip"),
+    "updates_2_clip_0p99": (4, "2 updates per batch, clip widened to 0.99 (it almost never binds)"),
     "updates_4": (4, "4 updates per batch, clip 0.2"),
-    "updates_4_no_clip": (4, "4 updates per batch, no clip"),
+    "updates_4_clip_0p99": (4, "4 updates per batch, clip 0.99"),
     "updates_16": (4, "16 updates per batch, clip 0.2"),
-    "updates_16_no_clip": (4, "16 updates per batch, no clip"),
+    "updates_16_clip_0p99": (4, "16 updates per batch, clip 0.99"),
     "updates_16_rate_3e-4": (4, "16 updates per batch, clip 0.2, rate 3e-4"),
-    "updates_16_no_clip_rate_3e-4": (4, "16 updates per batch, no clip, rate 3e-4"),
+    "updates_16_clip_0p99_rate_3e-4": (4, "16 updates per batch, clip 0.99, rate 3e-4"),
     "beta_0": (5, "KL coefficient 0 (no leash)"),
     "beta_0p2": (5, "KL coefficient 0.2"),
     "beta_1": (5, "KL coefficient 1"),
@@ -80,6 +82,7 @@ class Run:
         return self.folder / "evaluation" / "grpo"
 
     def history(self) -> list[dict]:
+        """Per iteration: "iteration" and the logged values the chapters use (sweep.collect_results' curves)."""
         return _history(self.folder)
 
     def checkpoints(self) -> list[dict]:
@@ -88,7 +91,25 @@ class Run:
 
 @lru_cache(maxsize=None)
 def _history(folder: Path) -> list[dict]:
-    return read_json(folder / "history.json")
+    """The run's curves from the sweep's results file (results-ablations.json, written by
+    `sweep.collect_results` from each run's history.json): the runs' own history.json files are not
+    committed, except the partner's, against which tests/test_ablations.py checks the copy."""
+    curves = _results(folder.parent)["runs"]
+    entry = next((e for e in curves.values() if e["folder"] == folder.name), None)
+    if entry is None:
+        raise FileNotFoundError(f"{folder.name} is not in {folder.parent / RESULTS_FILE}; rerun "
+                                "`python -m labkit sweep sweeps/ablations.json`")
+    columns = entry["curves"]
+    length = len(columns["kl"])
+    return [{"iteration": i + 1, **{key: values[i] for key, values in columns.items()}} for i in range(length)]
+
+
+RESULTS_FILE = "results-ablations.json"
+
+
+@lru_cache(maxsize=None)
+def _results(root: Path) -> dict:
+    return read_json(root / RESULTS_FILE)
 
 
 @lru_cache(maxsize=None)
@@ -230,14 +251,8 @@ def seed_spread(method: str, preset: str = "tiny") -> dict:
             "p_against_first": [t["p_permutation"] for t in tests]}
 
 
-# -- Predict, then run: each chapter's question, measured from the committed files ---------------------
-#
-# Each `reveal_*` prints the measurement with its paired tests, then compares the student's prediction
-# (labkit.exercises.check_prediction) and says why the runs came out as they did; it returns the
-# checker's {"prediction", "measured", "right"}.  Every number in the words is computed here.
-
-
 def gradient_study_results(preset: str = "tiny") -> dict:
+    """runs/<preset>/gradient_study/results.json (labkit.gradient_study), checked against its FINISHED digest."""
     from .runs import RunFolder, preset_folder, sha256_file
 
     folder = preset_folder(preset, "gradient_study")
@@ -249,184 +264,11 @@ def gradient_study_results(preset: str = "tiny") -> dict:
     return read_json(folder / "results.json")
 
 
-IDENTITY_CHOICES = ("stays the same", "halves", "falls to a quarter")
-
-
-def reveal_identity(prediction, preset: str = "tiny") -> dict:
-    """Chapter 2: from 16 to 64 sampled tokens, what happens to the score-function estimate's error?"""
-    from .exercises import check_prediction
-
-    case = gradient_study_results(preset)["identity"]["cases"][-1]  # the case where the warm start is unsure
-    sizes, errors = case["sizes"], case["none"]["rms_error"]
-    ratio = errors[sizes.index(16)] / errors[sizes.index(64)]
-    measured = IDENTITY_CHOICES[0] if ratio < 1.5 else IDENTITY_CHOICES[1] if ratio < 3 else IDENTITY_CHOICES[2]
-    scaled = [e * n ** 0.5 for e, n in zip(errors, sizes)]
-    print(f"Problem {case['problem_id']}: the warm start gives the right first digit probability "
-          f"{case['p_right']:.2f}; the exact gradient's norm is {case['exact_norm']:.3f}.")
-    print("N: " + ", ".join(f"{n}: error {e:.4f}" for n, e in zip(sizes, errors))
-          + f"; error x sqrt(N) stays between {min(scaled):.3f} and {max(scaled):.3f}.")
-    print(f"Bias (the mean of {gradient_study_results(preset)['identity']['trials']:,} estimates minus the exact gradient) "
-          f"at N = {sizes[-1]}: {case['none']['bias'][-1]:.5f}.")
-    return check_prediction(prediction, measured, choices=IDENTITY_CHOICES, why=(
-        f"each estimate averages N independent terms r(a)(onehot(a) - pi) whose mean is the exact gradient, so "
-        f"its error is their spread over sqrt(N): 4 times the samples, half the error (measured ratio {ratio:.2f})."))
-
-
 SCHEME_WORDS = {"none": "raw reward", "mean": "group mean", "mean_std": "mean and std",
                 "leave_one_out": "leave-one-out"}
 
 
-def reveal_baseline(prediction, preset: str = "tiny") -> dict:
-    """Chapter 3: which advantage gives the cleanest gradient at the warm start?"""
-    from .exercises import check_prediction
-
-    study = gradient_study_results(preset)
-    noise = study["noise"]
-    schemes = noise["schemes"]
-    best = max(schemes, key=lambda s: schemes[s]["snr"])
-    print(f"{noise['batches']} batches of {noise['P']} prompts x G = {noise['G']} from the warm start "
-          f"({noise['zero_signal']:.0%} of their groups had no signal); reference: "
-          f"{noise['reference_batches']} other batches.")
-    for s, v in schemes.items():
-        print(f"  {SCHEME_WORDS[s]:<14} signal-to-noise {v['snr']:.3f}   cosine with the reference {v['cosine']:.2f}")
-    cases = study["identity"]["cases"]
-    sure, unsure = cases[0], cases[-1]
-    at = sure["sizes"].index(16)
-    runs = load(preset, (PARTNER, "mean_only"))
-    c = compare(runs[PARTNER], runs["mean_only"], names=("GRPO", "mean only"))
-    print(f"Training, {c['test_sample']['n_problems']} test problems x 4 draws: A = r - mean against GRPO's "
-          f"(r - mean)/std: {c['test_sample']['verdict']}.")
-    return check_prediction(prediction, SCHEME_WORDS[best], choices=tuple(SCHEME_WORDS.values()), why=(
-        f"a baseline only helps where it makes the terms smaller.  A wrong answer's tokens were sampled at low "
-        f"probability, so their gradients are large; a baseline pushes every wrong answer down with them, the raw "
-        f"0/1 reward leaves them out.  The one-token game shows both sides at N = 16: where the warm start is sure "
-        f"(p = {sure['p_right']:.2f}) the raw reward's error is {sure['none']['rms_error'][at]:.4f} against "
-        f"{sure['leave_one_out']['rms_error'][at]:.4f} with leave-one-out; where it is unsure (p = "
-        f"{unsure['p_right']:.2f}), {unsure['none']['rms_error'][at]:.4f} against "
-        f"{unsure['leave_one_out']['rms_error'][at]:.4f}.  What GRPO's baseline buys is a loss whose winners and "
-        f"losers balance, not a quieter gradient at this start."))
-
-
-CLIP_CHOICES = ("better", "worse", "not separable")
-
-
-def _call(comparison: dict, alpha: float = paired.ALPHA) -> str:
-    if comparison["p_permutation"] >= alpha:
-        return CLIP_CHOICES[2]
-    return CLIP_CHOICES[0] if comparison["mean_difference"] > 0 else CLIP_CHOICES[1]
-
-
-def reveal_clip(prediction, preset: str = "tiny") -> dict:
-    """Chapter 4: with 16 updates per batch at 3e-4, what does widening the clip to 0.99 do on the test?"""
-    from .exercises import check_prediction
-
-    runs = load(preset, ("updates_4", "updates_4_clip_0p99", "updates_16", "updates_16_clip_0p99",
-                         "updates_16_rate_3e-4", "updates_16_clip_0p99_rate_3e-4"))
-    for clip, wide in (("updates_4", "updates_4_clip_0p99"), ("updates_16", "updates_16_clip_0p99"),
-                       ("updates_16_rate_3e-4", "updates_16_clip_0p99_rate_3e-4")):
-        a, b = summary(runs[clip]), summary(runs[wide])
-        c = compare(runs[clip], runs[wide], names=("clip 0.2", "clip 0.99"))["test_sample"]
-        print(f"{runs[clip].updates_per_iteration} updates per batch at {runs[clip].lr:g}: tokens clipped at the end "
-              f"{a['clip_end']:.1%} (clip 0.2) and {b['clip_end']:.1%} (0.99); KL at the end {a['kl_end']:.4f} and "
-              f"{b['kl_end']:.4f}; test per draw {a['test_per_draw']:.1%} and {b['test_per_draw']:.1%} "
-              f"(paired p = {c['p_permutation']:.2g})")
-    fast, fast_wide = runs["updates_16_rate_3e-4"], runs["updates_16_clip_0p99_rate_3e-4"]
-    c = compare(fast, fast_wide, names=("clip 0.2", "clip 0.99"))["test_sample"]
-    against_start = compare(warm_start_evaluation(preset), fast, names=("warm start", "16 updates, clip 0.2"))
-    print(f"Against the warm start, 16 updates at 3e-4 with the clip: {against_start['test_sample']['verdict']}.")
-    s, w = summary(fast), summary(fast_wide)
-    return check_prediction(prediction, _call(c), choices=CLIP_CHOICES, why=(
-        f"with the clip, the ratio of {s['clip_end']:.1%} of the tokens left [0.8, 1.2] at the end and their "
-        f"gradient was cut; with clip 0.99 the ratio could go to 1.99 ({w['clip_end']:.1%} clipped).  Paired on "
-        f"the test, widening the clip: {c['verdict']}."))
-
-
-def reveal_leash(prediction, preset: str = "tiny") -> dict:
-    """Chapter 5: the smallest KL coefficient that halves the end-of-run KL of the run without a leash."""
-    from .exercises import check_prediction
-
-    runs = load(preset, ("beta_0", PARTNER, "beta_0p2", "beta_1", "beta_5"))
-    betas = [("beta_0", 0.0), (PARTNER, runs[PARTNER].kl_coef), ("beta_0p2", 0.2), ("beta_1", 1.0), ("beta_5", 5.0)]
-    free = summary(runs["beta_0"])["kl_end"]
-    measured, protocol_share, separable = None, None, []
-    for name, beta in betas:
-        s = summary(runs[name])
-        c = compare(runs["beta_0"], runs[name], names=("no leash", f"beta {beta:g}"))["test_sample"] if beta else None
-        print(f"beta {beta:<5g} KL at the end {s['kl_end']:.4f} ({s['kl_end'] / free:.0%} of no leash's), test per "
-              f"draw {s['test_per_draw']:.1%}" + (f"; against no leash: p = {c['p_permutation']:.2g}" if c else ""))
-        if measured is None and beta > 0 and s["kl_end"] <= free / 2:
-            measured = beta
-        if name == PARTNER:
-            protocol_share = s["kl_end"] / free
-        if c and c["p_permutation"] < paired.ALPHA:
-            separable.append(f"beta {beta:g} ({'ahead' if c['mean_difference'] > 0 else 'behind'}, "
-                             f"p = {c['p_permutation']:.2g})")
-    tested = ("on the test, " + ", ".join(separable) + " differs from no leash at p < 0.05"
-              if separable else "on the test, no beta differs from no leash at p < 0.05")
-    return check_prediction(prediction, measured, choices=(0.02, 0.2, 1.0, 5.0), why=(
-        f"the penalty pulls with beta times the KL's gradient.  At the protocol's beta the run ends with "
-        f"{protocol_share:.0%} of the free run's KL: at this budget the leash does not bind; the KL halves only "
-        f"once beta reaches {measured:g}.  On success: {tested}."))
-
-
-def reveal_seeds(prediction, preset: str = "tiny") -> dict:
-    """Chapter 6: three GRPO runs that differ only in their training seed: the spread of their test success."""
-    from .exercises import check_prediction
-
-    spreads = {m: seed_spread(m, preset) for m in SEEDS}
-    for m, s in spreads.items():
-        print(f"{m.upper():<5} test per draw by seed: " + ", ".join(f"{r:.1%}" for r in s["test_per_draw"])
-              + f"; spread {100 * s['spread']:.1f} points")
-    g = spreads["grpo"]
-    return check_prediction(prediction, round(100 * g["spread"], 1), tolerance=1.0, low=0.0, high=100.0, why=(
-        f"each seed draws other prompts in another order and samples other rollouts: the same method lands "
-        f"{100 * g['spread']:.1f} points apart.  An ablation's effect smaller than that is not told apart from a "
-        "lucky seed by one run of each."))
-
-
-def reveal_separable(prediction, preset: str = "tiny") -> dict:
-    """Chapter 7: of the three pairs of GRPO seeds, how many are separable at p < 0.05 on the test?"""
-    from itertools import combinations
-
-    from .exercises import check_prediction
-
-    runs = load(preset, SEEDS["grpo"])
-    count = 0
-    for a, b in combinations(SEEDS["grpo"], 2):
-        c = compare(runs[a], runs[b], names=(a, b))["test_sample"]
-        count += c["p_permutation"] < paired.ALPHA
-        print(f"{a} against {b}: {c['verdict']}")
-    return check_prediction(prediction, count, choices=(0, 1, 2, 3), why=(
-        f"{count} of 3 pairs of one method differ at p < 0.05.  The paired test covers the noise of sampling "
-        "and of evaluation on these 200 problems, not the noise of training: two seeds are two different "
-        "policies, and the test tells them apart when they are."))
-
-
-def reveal_split(prediction, preset: str = "tiny") -> dict:
-    """Chapter 8: at 64 prompts x G = 2, the share of groups with no signal (rewards all equal)."""
-    from .exercises import check_prediction
-
-    runs = load(preset, ("split_64x2", "split_32x4", PARTNER, "split_8x16"))
-    splits = [("split_64x2", 2), ("split_32x4", 4), (PARTNER, 8), ("split_8x16", 16)]
-    separable = []
-    for name, G in splits:
-        s = summary(runs[name])
-        line = (f"{runs[name].prompts_per_iteration:>2} prompts x G = {G:<2}: no signal in {s['zero_signal_all']:.0%} "
-                f"of the groups, test per draw {s['test_per_draw']:.1%}")
-        if name != PARTNER:
-            c = compare(runs[PARTNER], runs[name])["test_sample"]
-            line += f" (against 16 x 8: p = {c['p_permutation']:.2g})"
-            if c["p_permutation"] < paired.ALPHA:
-                separable.append(f"{runs[name].prompts_per_iteration} x {G} "
-                                 f"({'ahead' if c['mean_difference'] > 0 else 'behind'}, p = {c['p_permutation']:.2g})")
-        print(line)
-    measured = summary(runs["split_64x2"])["zero_signal_all"]
-    p_mean = _mean(h["reward"] for h in runs["split_64x2"].history())
-    uniform = p_mean ** 2 + (1 - p_mean) ** 2
-    tested = ("; on the test only " + ", ".join(separable) + " is separable from 16 x 8" if separable
-              else "; on the test no split is separable from 16 x 8")
-    return check_prediction(prediction, round(measured, 2), tolerance=0.05, share=True, low=0.0, high=1.0, why=(
-        f"a group of two has no signal whenever both answers agree: p^2 + (1 - p)^2, at least 0.5 whatever p.  At "
-        f"the run's mean success p = {p_mean:.2f} that is {uniform:.2f}; measured {measured:.2f}, "
-        + ("higher, because its prompts are solved at different rates (an easy prompt's pair agrees more often)"
-           if measured > uniform else "not above it") + tested + "."))
+def format_rate(x: float) -> str:
+    """A learning rate as the chapters write it: 1e-4, 3e-4."""
+    mantissa, exponent = f"{x:.0e}".split("e")
+    return f"{mantissa}e{int(exponent)}"

@@ -362,7 +362,7 @@ def _ablation_section(run: Path) -> list[str]:
     config = json.loads(ablations.SWEEP_FILE.read_text())["config"]
     out = ["", "## What each piece does: the ablation sweep (chapters 2-8)", "",
            f"Every run starts from the warm start at {config['prompts_per_iteration']} prompts x G = "
-           f"{config['group_size']}, {config['grpo_iterations']} iterations, rate {config['grpo_lr']:g} "
+           f"{config['group_size']}, {config['grpo_iterations']} iterations, rate {ablations.format_rate(config['grpo_lr'])} "
            "(`sweeps/ablations.json`), with the same prompts and seeds as `grpo`, and changes what its row says. "
            "Differences are against `grpo`, paired: on the test (200 problems x 4 draws) and on the last "
            "fixed-prompt validation checkpoint (64 problems x 4 draws), with the permutation test's p. The last "

@@ -2,6 +2,7 @@
 holds, every pair differs only in the piece its name says, the committed runs are complete for this
 code, and the numbers the chapters quote are recomputed from the runs' own files."""
 
+import functools
 import json
 import math
 from pathlib import Path
@@ -9,9 +10,17 @@ from pathlib import Path
 import pytest
 
 from labkit import ablations, sweep
+from labkit.exercises import reveal as reveals
 from labkit.config import get_preset
 
 SPEC = json.loads(ablations.SWEEP_FILE.read_text())
+
+
+@functools.lru_cache(maxsize=1)
+def _labels() -> dict:
+    from labkit import evaluate
+
+    return {r["id"]: r for r in evaluate.load_test_labels(phase=evaluate.SCORING_PHASE)}
 
 
 def test_the_sweep_file_is_the_design_the_chapters_describe():
@@ -70,8 +79,15 @@ def test_the_committed_ablation_runs_are_complete_for_this_code():
 
 
 def test_a_summary_is_its_runs_own_files_recomputed():
-    run = ablations.load()["updates_16_rate_3e-4"]
+    """The curves the chapters read (results-ablations.json) are the loop's own log, value for value, for
+    the run whose history.json is committed (the partner); the summary is recomputed from them."""
+    run = ablations.load(names=(ablations.PARTNER,))[ablations.PARTNER]
     history = json.loads((run.folder / "history.json").read_text())
+    curves = run.history()
+    assert len(curves) == len(history) == 40
+    for key in ("reward", "kl", "clip_ratio/region_mean", "frac_reward_zero_std", "entropy", "valid_json"):
+        assert [c[key] for c in curves] == [h[key] for h in history], key
+    assert [c["iteration"] for c in curves] == [h["iteration"] for h in history]
     s = ablations.summary(run)
     assert s["kl_end"] == pytest.approx(sum(h["kl"] for h in history[-10:]) / 10, rel=1e-12)
     assert s["clip_max"] == max(h["clip_ratio/region_mean"] for h in history)
@@ -80,6 +96,14 @@ def test_a_summary_is_its_runs_own_files_recomputed():
     assert s["validation_per_draw"] == last["sampled_success"] == sum(last["draws_correct"]) / (4 * 64)
     rows = [json.loads(line) for line in _gunzip(run.evaluation / "predictions-sample.jsonl.gz")]
     assert len(rows) == 800
+    assert s["test_per_draw"] == pytest.approx(sum(_correct(r) for r in rows) / 800)
+
+
+def _correct(row: dict) -> int:
+    from labkit import verifier
+
+    label = _labels()[row["problem_id"]]
+    return int(verifier.score(row["text"], row["finish_reason"], label["problem"], row["tokenization_valid"]).reward)
 
 
 def _gunzip(path: Path) -> list[str]:
@@ -98,9 +122,9 @@ def test_a_paired_comparison_is_antisymmetric():
 
 
 @pytest.mark.parametrize("reveal, prediction, tolerance", [
-    (ablations.reveal_identity, "halves", None), (ablations.reveal_baseline, "raw reward", None),
-    (ablations.reveal_clip, "not separable", None), (ablations.reveal_leash, 1.0, None),
-    (ablations.reveal_seeds, 1.0, 1.0), (ablations.reveal_separable, 0, None), (ablations.reveal_split, 0.5, 0.05)])
+    (reveals.reveal_identity, "halves", None), (reveals.reveal_baseline, "raw reward", None),
+    (reveals.reveal_clip, "not separable", None), (reveals.reveal_leash, 1.0, None),
+    (reveals.reveal_seeds, 1.0, 1.0), (reveals.reveal_separable, 0, None), (reveals.reveal_split, 0.5, 0.05)])
 def test_every_reveal_measures_from_the_files_and_explains(reveal, prediction, tolerance, capsys):
     result = reveal(prediction)
     out = capsys.readouterr().out

@@ -17,6 +17,7 @@ from labkit import exercises
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGE = ROOT / "labkit" / "exercises"
 HELPER = "_calling"
+PREDICT, REVEAL = "predict", "reveal"  # predict-then-run: the one comparison checker, and each chapter's reveal
 # The chapters, named by the notebooks: 01_verifier.ipynb -> ch01, ...
 CHAPTERS = sorted(f"ch{p.name[:2]}" for p in (ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb"))
 
@@ -29,7 +30,7 @@ def test_the_old_single_module_is_gone_and_every_chapter_has_its_module():
     assert not (ROOT / "labkit" / "exercises.py").exists(), "labkit/exercises.py would shadow nothing but confuse"
     assert CHAPTERS == [f"ch{n:02d}" for n in range(1, 11)]
     modules = sorted(p.stem for p in PACKAGE.glob("*.py"))
-    assert modules == sorted(["__init__", HELPER, *CHAPTERS])
+    assert modules == sorted(["__init__", HELPER, PREDICT, REVEAL, *CHAPTERS])
 
 
 @pytest.mark.parametrize("chapter", CHAPTERS)
@@ -45,8 +46,11 @@ def test_each_chapter_module_holds_its_own_checkers_and_no_others(chapter):
 
 
 def test_every_checker_the_package_exports_comes_from_its_chapter_module():
-    exported = [name for name in dir(exercises) if name.startswith("check_")]
+    exported = [name for name in dir(exercises) if name.startswith("check_") and name != "check_prediction"]
     assert {name[len("check_"):][:4] for name in exported} == set(CHAPTERS), exported
+    assert exercises.check_prediction.__module__ == f"labkit.exercises.{PREDICT}"
+    reveals = [name for name in dir(exercises) if name.startswith("reveal_")]
+    assert reveals and all(getattr(exercises, n).__module__ == f"labkit.exercises.{REVEAL}" for n in reveals)
     for name in exported:
         chapter = name[len("check_"):][:4]
         assert getattr(exercises, name).__module__ == f"labkit.exercises.{chapter}", name

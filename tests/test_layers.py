@@ -22,8 +22,8 @@ FLOORS = (
     ("evaluation", ("evaluate", "paired", "agreement", "difficulty", "baselines", "checkpoint_curves")),
     ("learning", ("corpus", "answer_phase", "pretrain", "format_base", "sft", "grpo")),
     ("studies", ("group_size", "larger_run", "reward_model", "overoptimisation", "overoptimisation_summary",
-                 "sweep", "tuning")),
-    ("book", ("plots", "plots_results", "knobs", "narrative", "results_page", "student", "book", "exercises",
+                 "sweep", "tuning", "gradient_study", "ablations")),
+    ("book", ("plots", "plots_results", "plots_ablations", "knobs", "narrative", "results_page", "student", "book", "exercises",
               "bench", "smoke", "pipeline", "cli", "__main__")),
 )
 FLOOR_OF = {module: i for i, (_, modules) in enumerate(FLOORS) for module in modules}

@@ -133,8 +133,8 @@ def test_command_writes_every_chapter_and_keeps_every_other_cell(tmp_path, capsy
             if index in stubbed:
                 assert "NotImplementedError" in mine.source and "Your turn" in mine.source
                 assert mine.source != theirs.source and mine.outputs == []
-            elif index in checks:
-                assert mine.source == theirs.source and mine.outputs == []
+            elif index in checks or student.REVEAL_TAG in theirs.metadata.get("tags", []):
+                assert mine.source == theirs.source and mine.outputs == []  # a reveal: the answer is not shown
             else:
                 assert mine == theirs, f"{path.name} cell {index} changed in the student copy"
         # the instructor boxes (folded verification cells) stay in the student's copy, folded the same way

@@ -29,10 +29,19 @@ from .ch09 import CH09_HINTS, CH09_RATIO_HINTS, CH09_ROLES, check_ch09_one_updat
 from .ch09 import _ch09_cases, _ch09_history  # noqa: F401  (private, but tests/test_exercises_ch09.py builds the cases)
 from .ch10 import CH10_CASES, CH10_HINTS, check_ch10_carries
 from .predict import check_prediction
+from .reveal import (reveal_baseline, reveal_clip, reveal_identity, reveal_leash, reveal_separable, reveal_seeds,
+                     reveal_split)
 
 __all__ = [
     "ExerciseError",
     "check_prediction",
+    "reveal_identity",
+    "reveal_baseline",
+    "reveal_clip",
+    "reveal_leash",
+    "reveal_seeds",
+    "reveal_separable",
+    "reveal_split",
     "call_student",
     "require_function",
     "CH01_HINTS",
