@@ -9,7 +9,8 @@ Its modules sit on eight floors; each imports only from its own floor and the fl
                    data files, phases kept apart), verifier (parse and score a response, with the exact
                    reason it is invalid), tokenizer, config (every setting: one typed config per
                    preset, the other runs' configs, the seeds)
-    3 maths:       losses (advantages, clipped surrogate, exact KL, reductions), schedule (learning
+    3 maths:       losses (advantages, clipped surrogate, exact KL, reductions), objectives (GRPO, Dr. GRPO,
+                   DAPO, GSPO, CISPO as their papers write them; the outside checks' cases), schedule (learning
                    rates and the one update step), variants (the objective's switches, as tables),
                    metrics (every logged name, documented once)
     4 model:       models (load, build, digest), scoring (prompts, batches, log-probs), shared_prompt,

@@ -358,6 +358,36 @@ def cmd_gradient_study(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_objective_cases(args: argparse.Namespace) -> int:
+    """Write tests/data/objective_cases.json from labkit.objectives, or check that it is what the code gives."""
+    import math
+
+    from . import objectives
+    from .runs import read_json, write_json
+
+    fresh = objectives.cases()
+    if not args.check:
+        write_json(args.out, fresh)
+        print(f"wrote {len(fresh['cases'])} cases to {args.out}")
+        return 0
+    saved = read_json(args.out)
+
+    def same(a, b) -> bool:
+        if isinstance(a, float) or isinstance(b, float):
+            return math.isclose(a, b, rel_tol=1e-12, abs_tol=1e-15)
+        if isinstance(a, list) and isinstance(b, list):
+            return len(a) == len(b) and all(same(x, y) for x, y in zip(a, b))
+        if isinstance(a, dict) and isinstance(b, dict):
+            return a.keys() == b.keys() and all(same(a[k], b[k]) for k in a)
+        return a == b
+
+    if not same(saved, fresh):
+        print(f"{args.out} differs from what labkit.objectives gives now: rerun `python -m labkit objective-cases`")
+        return 1
+    print(f"{args.out}: {len(saved['cases'])} cases, as labkit.objectives gives them")
+    return 0
+
+
 def cmd_format_base(args: argparse.Namespace) -> int:
     """Chapter 10's base that rarely answers in the lab's format: continued pretraining, measured, evaluated."""
     from . import format_base
@@ -431,7 +461,7 @@ def _add_sft_arguments(p: argparse.ArgumentParser) -> None:
 
 COMMAND_ORDER = ("data", "pretrain", "warm-start", "sft", "sft-resume-check", "grpo", "grpo-resume-check",
                  "sampler-agreement", "evaluate", "results-json", "group-size",  # the protocol, in order
-                 "grpo-large", "sweep", "gradient-study", "reward-model", "format-base", "overoptimisation", "all", "smoke", "cache",
+                 "grpo-large", "sweep", "gradient-study", "objective-cases", "reward-model", "format-base", "overoptimisation", "all", "smoke", "cache",
                  "tune", "bench", "student")  # the tools
 
 
@@ -628,6 +658,13 @@ def _add_chapter10_commands(sub) -> None:
     p.add_argument("--threads", type=int, default=1, help="torch CPU threads (default: 1)")
     p.add_argument("--no-progress", action="store_true", help="no progress line")
     p.set_defaults(func=cmd_gradient_study)
+
+    p = sub.add_parser("objective-cases", help="outside checks: write (or --check) tests/data/objective_cases.json, "
+                                               "each objective's loss and gradient on seeded small tensors")
+    p.add_argument("--out", type=Path, default=Path(__file__).resolve().parents[1] / "tests" / "data"
+                   / "objective_cases.json", help="the case file (default: %(default)s)")
+    p.add_argument("--check", action="store_true", help="compare the file with what the code gives; exit 1 if not")
+    p.set_defaults(func=cmd_objective_cases)
 
     p = sub.add_parser("grpo-large", help="chapters 6-7: the larger GRPO run (32 prompts x G=8, its own rate, "
                                           "outside the protocol's counts), its evaluation and 64 draws for pass@k")
