@@ -183,9 +183,14 @@ def summary(run: Run) -> dict:
 
 def evaluation_summary(folder: str | Path) -> dict:
     """{"test_per_draw", "test_greedy"}: an evaluated policy's success on the 200 test problems."""
+    return dict(_evaluation_summary(Path(folder)))
+
+
+@lru_cache(maxsize=None)  # a finished evaluation never changes: read and score it once per process
+def _evaluation_summary(folder: Path) -> dict:
     from . import evaluate
 
-    scored = evaluate.score_policy(Path(folder), list(_labels()))
+    scored = evaluate.score_policy(folder, list(_labels()))
     return {"test_per_draw": scored["sample"]["ALL"]["success_rate"],
             "test_greedy": scored["greedy"]["ALL"]["success_rate"]}
 
@@ -200,7 +205,15 @@ def _labels() -> tuple:
 def compare(a: Run | Path, b: Run, names: tuple[str, str] | None = None) -> dict:
     """Paired tests of `b` against `a` (a Run, or an evaluation folder such as the warm start's):
     {"test_sample", "test_greedy"} from paired.compare_policies on the 200 test problems, and, when both
-    are runs, {"validation"}: paired.compare_checkpoints of their last fixed-prompt checkpoints."""
+    are runs, {"validation"}: paired.compare_checkpoints of their last fixed-prompt checkpoints.
+    Finished runs never change, so each comparison is computed once per process."""
+    import copy
+
+    return copy.deepcopy(_compare(a if isinstance(a, Run) else Path(a), b, names))
+
+
+@lru_cache(maxsize=None)
+def _compare(a: Run | Path, b: Run, names: tuple[str, str] | None = None) -> dict:
     a_eval = a.evaluation if isinstance(a, Run) else Path(a)
     names = names or (a.name if isinstance(a, Run) else a_eval.name, b.name)
     test = paired.compare_policies(a_eval, b.evaluation, list(_labels()), names=names)
