@@ -11,20 +11,14 @@ from __future__ import annotations
 from .. import ablations, paired
 from .predict import check_prediction
 
-# Each `reveal_*` prints the measurement with its paired tests, then compares the student's prediction
-# (labkit.exercises.check_prediction) and says why the runs came out as they did; it returns the
-# checker's {"prediction", "measured", "right"}.  Every number in the words is computed here.
-
-
-
-
 
 IDENTITY_CHOICES = ("stays the same", "halves", "falls to a quarter")
 
 
 def reveal_identity(prediction, preset: str = "tiny") -> dict:
     """Chapter 2: from 16 to 64 sampled tokens, what happens to the score-function estimate's error?"""
-    case = ablations.gradient_study_results(preset)["identity"]["cases"][-1]  # the case where the warm start is unsure
+    identity = ablations.gradient_study_results(preset)["identity"]
+    case = identity["cases"][-1]  # the case where the warm start is unsure
     sizes, errors = case["sizes"], case["none"]["rms_error"]
     ratio = errors[sizes.index(16)] / errors[sizes.index(64)]
     measured = IDENTITY_CHOICES[0] if ratio < 1.5 else IDENTITY_CHOICES[1] if ratio < 3 else IDENTITY_CHOICES[2]
@@ -33,14 +27,11 @@ def reveal_identity(prediction, preset: str = "tiny") -> dict:
           f"{case['p_right']:.2f}; the exact gradient's norm is {case['exact_norm']:.3f}.")
     print("N: " + ", ".join(f"{n}: error {e:.4f}" for n, e in zip(sizes, errors))
           + f"; error x sqrt(N) stays between {min(scaled):.3f} and {max(scaled):.3f}.")
-    print(f"Bias (the mean of {ablations.gradient_study_results(preset)['identity']['trials']:,} estimates minus the exact gradient) "
-          f"at N = {sizes[-1]}: {case['none']['bias'][-1]:.5f}.")
+    print(f"Bias (the mean of {identity['trials']:,} estimates minus the exact gradient) at N = {sizes[-1]}: "
+          f"{case['none']['bias'][-1]:.5f}.")
     return check_prediction(prediction, measured, choices=IDENTITY_CHOICES, why=(
         f"each estimate averages N independent terms r(a)(onehot(a) - pi) whose mean is the exact gradient, so "
         f"its error is their spread over sqrt(N): 4 times the samples, half the error (measured ratio {ratio:.2f})."))
-
-
-
 
 
 def reveal_baseline(prediction, preset: str = "tiny") -> dict:
@@ -53,7 +44,8 @@ def reveal_baseline(prediction, preset: str = "tiny") -> dict:
           f"({noise['zero_signal']:.0%} of their groups had no signal); reference: "
           f"{noise['reference_batches']} other batches.")
     for s, v in schemes.items():
-        print(f"  {ablations.SCHEME_WORDS[s]:<14} signal-to-noise {v['snr']:.3f}   cosine with the reference {v['cosine']:.2f}")
+        print(f"  {ablations.SCHEME_WORDS[s]:<14} signal-to-noise {v['snr']:.3f}   "
+              f"cosine with the reference {v['cosine']:.2f}")
     cases = study["identity"]["cases"]
     sure, unsure = cases[0], cases[-1]
     at = sure["sizes"].index(16)
@@ -61,7 +53,8 @@ def reveal_baseline(prediction, preset: str = "tiny") -> dict:
     c = ablations.compare(runs[ablations.PARTNER], runs["mean_only"], names=("GRPO", "mean only"))
     print(f"Training, {c['test_sample']['n_problems']} test problems x 4 draws: A = r - mean against GRPO's "
           f"(r - mean)/std: {c['test_sample']['verdict']}.")
-    return check_prediction(prediction, ablations.SCHEME_WORDS[best], choices=tuple(ablations.SCHEME_WORDS.values()), why=(
+    choices = tuple(ablations.SCHEME_WORDS.values())
+    return check_prediction(prediction, ablations.SCHEME_WORDS[best], choices=choices, why=(
         f"a baseline only helps where it makes the terms smaller.  A wrong answer's tokens were sampled at low "
         f"probability, so their gradients are large; a baseline pushes every wrong answer down with them, the raw "
         f"0/1 reward leaves them out.  The one-token game shows both sides at N = 16: where the warm start is sure "
@@ -73,9 +66,6 @@ def reveal_baseline(prediction, preset: str = "tiny") -> dict:
 
 
 CLIP_CHOICES = ("better", "worse", "not separable")
-
-
-
 
 
 def _call(comparison: dict, alpha: float = paired.ALPHA) -> str:
@@ -92,18 +82,20 @@ def reveal_clip(prediction, preset: str = "tiny") -> dict:
                        ("updates_16_rate_3e-4", "updates_16_clip_0p99_rate_3e-4")):
         a, b = ablations.summary(runs[clip]), ablations.summary(runs[wide])
         c = ablations.compare(runs[clip], runs[wide], names=("clip 0.2", "clip 0.99"))["test_sample"]
-        print(f"{runs[clip].updates_per_iteration} updates per batch at {ablations.format_rate(runs[clip].lr)}: tokens clipped at the end "
-              f"{a['clip_end']:.1%} (clip 0.2) and {b['clip_end']:.1%} (0.99); KL at the end {a['kl_end']:.4f} and "
-              f"{b['kl_end']:.4f}; test per draw {a['test_per_draw']:.1%} and {b['test_per_draw']:.1%} "
-              f"(paired p = {c['p_permutation']:.2g})")
+        print(f"{runs[clip].updates_per_iteration} updates per batch at {ablations.format_rate(runs[clip].lr)}: "
+              f"tokens clipped at the end {a['clip_end']:.1%} (clip 0.2) and {b['clip_end']:.1%} (0.99); "
+              f"KL at the end {a['kl_end']:.4f} and {b['kl_end']:.4f}; test per draw {a['test_per_draw']:.1%} and "
+              f"{b['test_per_draw']:.1%} (paired p = {c['p_permutation']:.2g})")
     fast, fast_wide = runs["updates_16_rate_3e-4"], runs["updates_16_clip_0p99_rate_3e-4"]
     c = ablations.compare(fast, fast_wide, names=("clip 0.2", "clip 0.99"))["test_sample"]
-    against_start = ablations.compare(ablations.warm_start_evaluation(preset), fast, names=("warm start", "16 updates, clip 0.2"))
+    against_start = ablations.compare(ablations.warm_start_evaluation(preset), fast,
+                                      names=("warm start", "16 updates, clip 0.2"))
     print(f"Against the warm start, 16 updates at 3e-4 with the clip: {against_start['test_sample']['verdict']}.")
     s, w = ablations.summary(fast), ablations.summary(fast_wide)
     return check_prediction(prediction, _call(c), choices=CLIP_CHOICES, why=(
         f"each update on the same batch moves the policy further from the one that sampled it.  With the clip, "
-        f"{s['clip_end']:.1%} of the tokens ended in the clipped region (the ratio outside [0.8, 1.2] on the side "
+        f"{s['clip_end']:.1%} of the tokens ended in the clipped region (the ratio outside "
+        f"[{1 - fast.clip_eps:g}, {1 + fast.clip_eps:g}] on the side "
         f"their advantage pushes) and lost their gradient; at 0.99 only {w['clip_end']:.1%} did, and the KL ended "
         f"{w['kl_end'] / s['kl_end']:.1f} times higher.  Paired on the test, widening the clip: {c['verdict']}."))
 
@@ -111,12 +103,13 @@ def reveal_clip(prediction, preset: str = "tiny") -> dict:
 def reveal_leash(prediction, preset: str = "tiny") -> dict:
     """Chapter 5: the smallest KL coefficient that halves the end-of-run KL of the run without a leash."""
     runs = ablations.load(preset, ("beta_0", ablations.PARTNER, "beta_0p2", "beta_1", "beta_5"))
-    betas = [("beta_0", 0.0), (ablations.PARTNER, runs[ablations.PARTNER].kl_coef), ("beta_0p2", 0.2), ("beta_1", 1.0), ("beta_5", 5.0)]
+    betas = [(name, runs[name].kl_coef) for name in ("beta_0", ablations.PARTNER, "beta_0p2", "beta_1", "beta_5")]
     free = ablations.summary(runs["beta_0"])["kl_end"]
     measured, protocol_share, separable = None, None, []
     for name, beta in betas:
         s = ablations.summary(runs[name])
-        c = ablations.compare(runs["beta_0"], runs[name], names=("no leash", f"beta {beta:g}"))["test_sample"] if beta else None
+        c = (ablations.compare(runs["beta_0"], runs[name], names=("no leash", f"beta {beta:g}"))["test_sample"]
+             if beta else None)
         print(f"beta {beta:<5g} KL at the end {s['kl_end']:.4f} ({s['kl_end'] / free:.0%} of no leash's), test per "
               f"draw {s['test_per_draw']:.1%}" + (f"; against no leash: p = {c['p_permutation']:.2g}" if c else ""))
         if measured is None and beta > 0 and s["kl_end"] <= free / 2:
@@ -172,24 +165,27 @@ def reveal_separable(prediction, preset: str = "tiny") -> dict:
 def reveal_split(prediction, preset: str = "tiny") -> dict:
     """Chapter 8: at 64 prompts x G = 2, the share of groups with no signal (rewards all equal)."""
     runs = ablations.load(preset, ("split_64x2", "split_32x4", ablations.PARTNER, "split_8x16"))
-    splits = [("split_64x2", 2), ("split_32x4", 4), (ablations.PARTNER, 8), ("split_8x16", 16)]
+    partner = runs[ablations.PARTNER]
+    across = f"{partner.prompts_per_iteration} x {partner.group_size}"
     separable = []
-    for name, G in splits:
-        s = ablations.summary(runs[name])
+    for name, run in runs.items():
+        G = run.group_size
+        s = ablations.summary(run)
         line = (f"{runs[name].prompts_per_iteration:>2} prompts x G = {G:<2}: no signal in {s['zero_signal_all']:.0%} "
                 f"of the groups, test per draw {s['test_per_draw']:.1%}")
         if name != ablations.PARTNER:
             c = ablations.compare(runs[ablations.PARTNER], runs[name])["test_sample"]
-            line += f" (against 16 x 8: p = {c['p_permutation']:.2g})"
+            line += f" (against {across}: p = {c['p_permutation']:.2g})"
             if c["p_permutation"] < paired.ALPHA:
                 separable.append(f"{runs[name].prompts_per_iteration} x {G} "
                                  f"({'ahead' if c['mean_difference'] > 0 else 'behind'}, p = {c['p_permutation']:.2g})")
         print(line)
     measured = ablations.summary(runs["split_64x2"])["zero_signal_all"]
-    p_mean = ablations._mean(h["reward"] for h in runs["split_64x2"].history())
+    rewards = [h["reward"] for h in runs["split_64x2"].history()]
+    p_mean = sum(rewards) / len(rewards)
     uniform = p_mean ** 2 + (1 - p_mean) ** 2
-    tested = ("; on the test only " + ", ".join(separable) + " is separable from 16 x 8" if separable
-              else "; on the test no split is separable from 16 x 8")
+    tested = (f"; on the test only {', '.join(separable)} is separable from {across}" if separable
+              else f"; on the test no split is separable from {across}")
     return check_prediction(prediction, round(measured, 2), tolerance=0.05, share=True, low=0.0, high=1.0, why=(
         f"a group of two has no signal whenever both answers agree: p^2 + (1 - p)^2, at least 0.5 whatever p.  At "
         f"the run's mean success p = {p_mean:.2f} that is {uniform:.2f}; measured {measured:.2f}, "
