@@ -365,16 +365,20 @@ def _ablation_section(run: Path) -> list[str]:
            f"{config['group_size']}, {config['grpo_iterations']} iterations, rate {ablations.format_rate(config['grpo_lr'])} "
            "(`sweeps/ablations.json`), with the same prompts and seeds as `grpo`, and changes what its row says. "
            "Differences are against `grpo`, paired: on the test (200 problems x 4 draws) and on the last "
-           "fixed-prompt validation checkpoint (64 problems x 4 draws), with the permutation test's p. The last "
+           "fixed-prompt validation checkpoint (64 problems x 4 draws), with the permutation test's p (\"<= p\": no "
+           "resample was as extreme, so the true p may be smaller). The last "
            "three columns are means over the last 10 iterations.", "",
            "| run | what it changes | test per draw | vs grpo, test (p) | vs grpo, validation (p) | KL at the end "
            "| tokens clipped | groups with no signal |",
            "| --- | --- | --- | --- | --- | --- | --- | --- |"]
     for r in sorted(rows, key=lambda r: (r["chapter"], r["name"])):
-        vs = (lambda d, p: f"{100 * d:+.1f} ({_p(p)})")
+        def vs(kind: str) -> str:
+            bound = r[f"{kind}_p_is_bound"]
+            p = paired.format_p(r[f"{kind}_p"], at_most=bound).removeprefix("p = ").removeprefix("p ")
+            return f"{100 * r[f'{kind}_difference']:+.1f} ({p})"
+
         out.append(f"| `{r['name']}` | {r['changes']} | {_pct(r['test_per_draw'])} | "
-                   + (f"{vs(r['test_difference'], r['test_p'])} | {vs(r['validation_difference'], r['validation_p'])}"
-                      if "test_p" in r else "| ")
+                   + (f"{vs('test')} | {vs('validation')}" if "test_p" in r else "| ")
                    + f" | {r['kl_end']:.4f} | {_pct(r['clip_end'])} | {_pct(r['zero_signal'])} |")
     return out
 

@@ -149,3 +149,19 @@ def test_the_gradient_study_is_read_only_when_its_digest_holds(tmp_path, monkeyp
     (copy / "results.json").write_text(text.replace('"trials": 2000', '"trials": 2001'))
     with pytest.raises(ValueError, match="does not match the digest in its FINISHED marker"):
         ablations.gradient_study_results()
+
+
+def test_a_p_at_the_monte_carlo_floor_is_printed_as_a_bound():
+    from labkit import paired
+    from labkit.runs import REPO_ROOT
+
+    rows = ablations.table()
+    bound = [r for r in rows if r.get("test_p_is_bound")]
+    assert bound, "the 16-update wide-clip run at 3e-4 lies beyond every resample of the permutation test"
+    floor = 2 / (paired.PERMUTATION_RESAMPLES + 1)
+    assert all(r["test_p"] <= floor * (1 + 1e-9) for r in bound)
+    lines = {line.split("|")[1].strip(): line for line in (REPO_ROOT / "book" / "results_detail.md").read_text()
+             .splitlines() if line.startswith("| `")}
+    for r in rows:
+        if "test_p" in r:
+            assert ("(<= " in lines[f"`{r['name']}`"].split("|")[4]) == r["test_p_is_bound"], r["name"]
