@@ -76,6 +76,7 @@ class Run:
     clip_eps: float
     kl_coef: float
     lr: float
+    iterations: int
 
     @property
     def evaluation(self) -> Path:
@@ -148,7 +149,7 @@ def load(preset: str = "tiny", names: tuple[str, ...] | None = None) -> dict[str
         config = get_preset(preset).with_overrides(**spec["config_overrides"])
         updates = spec["options"]["updates_per_iteration"] or config.updates_per_iteration
         out[spec["name"]] = Run(spec["name"], Path(spec["folder"]), spec["group_size"], config.prompts_per_iteration,
-                                updates, config.clip_eps, config.kl_coef, config.grpo_lr)
+                                updates, config.clip_eps, config.kl_coef, config.grpo_lr, spec["iterations"])
     return out
 
 

@@ -77,16 +77,23 @@ def exact_gradient(probs: torch.Tensor, rewards: torch.Tensor) -> torch.Tensor:
     return probs * (rewards - J)
 
 
+def score_average(probs: torch.Tensor, samples: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+    """mean_i w_i (onehot(a_i) - pi): the logits' gradient of a loss that weighs each sampled token's
+    log-probability by w_i (d log pi_a / dz = onehot(a) - pi).  probs (V,); samples, weights (trials, N);
+    returns (trials, V), float64: the scatter of w_i at a_i over N, minus mean(w) pi."""
+    weights = weights.to(torch.float64)
+    g = torch.zeros(samples.shape[0], probs.numel(), dtype=torch.float64).scatter_add_(1, samples, weights)
+    return g / samples.shape[1] - weights.mean(dim=1, keepdim=True) * probs.to(torch.float64)
+
+
 def score_function_estimates(probs: torch.Tensor, rewards: torch.Tensor, N: int, trials: int, scheme: str,
                              generator: torch.Generator) -> torch.Tensor:
     """`trials` independent estimates of dJ/dz from N samples each, advantages by `scheme`: (trials, V).
 
-    g_hat = 1/N sum_i A_i (onehot(a_i) - pi), computed as (scatter of A_i at a_i) / N - mean(A) pi."""
-    V = probs.numel()
-    samples = torch.multinomial(probs.expand(trials, V), N, replacement=True, generator=generator)  # (trials, N)
-    A = scheme_advantages(rewards[samples], scheme).to(torch.float64)  # (trials, N): one "group" per trial
-    g = torch.zeros(trials, V, dtype=torch.float64).scatter_add_(1, samples, A) / N
-    return g - A.mean(dim=1, keepdim=True) * probs.to(torch.float64)
+    g_hat = 1/N sum_i A_i (onehot(a_i) - pi) (`score_average`)."""
+    samples = torch.multinomial(probs.expand(trials, -1), N, replacement=True, generator=generator)  # (trials, N)
+    A = scheme_advantages(rewards[samples], scheme)  # (trials, N): one "group" per trial
+    return score_average(probs, samples, A)
 
 
 def score_function_errors(probs: torch.Tensor, rewards: torch.Tensor, sizes=IDENTITY_SIZES,

@@ -18,6 +18,8 @@ from __future__ import annotations
 
 import torch
 
+from .gradient_study import score_average
+
 ESTIMATORS = ("k1", "k2", "k3")
 
 
@@ -63,9 +65,7 @@ def sampled_gradients(z: torch.Tensor, z_ref: torch.Tensor, N: int, batches: int
     a = torch.multinomial(p.expand(batches, -1), N, replacement=True, generator=generator)  # (batches, N)
     out = {}
     for estimator in ESTIMATORS:
-        c = _coefficient(estimator, logp, logq)[a]  # (batches, N)
-        g = torch.zeros(batches, p.numel(), dtype=torch.float64).scatter_add_(1, a, c) / N
-        out[estimator] = g - c.mean(dim=1, keepdim=True) * p
+        out[estimator] = score_average(p, a, _coefficient(estimator, logp, logq)[a])
     return out
 
 

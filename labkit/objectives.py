@@ -21,8 +21,8 @@ objective   the per-token (or per-response) term                               d
 aggregation (AGGREGATIONS): "sequence_mean" = the mean over each response's tokens, then over the
 responses; "token_mean" = one mean over every token of the batch; "constant" = the sum over every
 token divided by B x max_response_tokens.  With `beta` > 0 and `logp_ref`, beta times the k3
-estimate of KL(pi_theta || pi_ref), exp(logp_ref - logp) - (logp_ref - logp) - 1 per token, is
-added under the same aggregation (GRPO's KL term [1]).
+estimate of KL(pi_theta || pi_ref), exp(logp_ref - logp) - (logp_ref - logp) - 1 per token
+(`losses.kl_estimators`), is added under the same aggregation (GRPO's KL term [1]).
 
 [1] Shao et al. 2024, DeepSeekMath (GRPO).  [2] Liu et al. 2025, Understanding R1-Zero-like training
 (Dr. GRPO).  [3] Yu et al. 2025, DAPO.  [4] Zheng et al. 2025, Group Sequence Policy Optimization.
@@ -37,6 +37,8 @@ from __future__ import annotations
 
 import torch
 
+from . import losses
+
 OBJECTIVES = ("grpo", "dr_grpo", "dapo", "gspo", "cispo")
 AGGREGATIONS = ("sequence_mean", "token_mean", "constant")
 DEFAULTS = {  # each objective's parameters as its paper sets them
@@ -50,17 +52,17 @@ DEFAULTS = {  # each objective's parameters as its paper sets them
 
 def aggregate(values: torch.Tensor, mask: torch.Tensor, aggregation: str,
               max_response_tokens: int | None = None) -> torch.Tensor:
-    """(B, T) per-token values -> 0-d, by `aggregation` (module docstring); padding never counts."""
-    mask = mask.to(values.dtype)
+    """(B, T) per-token values -> 0-d, by `aggregation` (module docstring); padding never counts.
+    The first two are the loop's own reductions (`losses.reduce_tokens`, `losses.token_mean`)."""
     if aggregation == "sequence_mean":
-        return ((values * mask).sum(dim=1) / mask.sum(dim=1)).mean()
+        return losses.reduce_tokens(values, mask)
     if aggregation == "token_mean":
-        return (values * mask).sum() / mask.sum()
+        return losses.token_mean(values, mask)
     if aggregation == "constant":
         if not max_response_tokens or max_response_tokens < int(mask.sum(dim=1).max()):
             raise ValueError(f"aggregation 'constant' needs max_response_tokens >= the longest response, "
                              f"got {max_response_tokens!r}")
-        return (values * mask).sum() / (values.shape[0] * max_response_tokens)
+        return (values * mask.to(values.dtype)).sum() / (values.shape[0] * max_response_tokens)
     raise ValueError(f"aggregation {aggregation!r}: expected one of {AGGREGATIONS}")
 
 
@@ -68,12 +70,6 @@ def clipped_term(rho: torch.Tensor, advantages: torch.Tensor, epsilon_low: float
     """min(rho A, clip(rho, 1 - epsilon_low, 1 + epsilon_high) A), elementwise; rho (B, T) or (B,), A broadcast."""
     A = advantages.reshape(-1, *([1] * (rho.dim() - 1))).to(rho.dtype)
     return torch.minimum(rho * A, rho.clamp(1.0 - epsilon_low, 1.0 + epsilon_high) * A)
-
-
-def k3(logp: torch.Tensor, logp_ref: torch.Tensor) -> torch.Tensor:
-    """exp(logp_ref - logp) - (logp_ref - logp) - 1 per token: the k3 estimate of KL(pi_theta || pi_ref)."""
-    d = logp_ref - logp
-    return torch.exp(d) - d - 1.0
 
 
 def objective_loss(objective: str, logp: torch.Tensor, logp_old: torch.Tensor, advantages: torch.Tensor,
@@ -109,7 +105,8 @@ def objective_loss(objective: str, logp: torch.Tensor, logp_old: torch.Tensor, a
     if beta:
         if logp_ref is None:
             raise ValueError("beta > 0 needs logp_ref, the reference policy's log-probs (B, T)")
-        loss = loss + beta * aggregate(k3(logp, logp_ref.detach()), m, aggregation_for_kl, max_response_tokens)
+        k3 = losses.kl_estimators(logp, logp_ref.detach())["k3"]
+        loss = loss + beta * aggregate(k3, m, aggregation_for_kl, max_response_tokens)
     return loss
 
 

@@ -32,7 +32,6 @@ exact test of two counts (labkit.paired.two_proportion_test).
 
 from __future__ import annotations
 
-import json
 
 import math
 from pathlib import Path
@@ -356,13 +355,13 @@ def _ablation_section(run: Path) -> list[str]:
         return []
     try:
         rows = ablations.table()
+        partner = ablations.load(names=(ablations.PARTNER,))[ablations.PARTNER]
     except FileNotFoundError:
         return ["", "## What each piece does (chapters 2-8)", "",
                 "The ablation sweep is not built for this code: `python -m labkit sweep sweeps/ablations.json`."]
-    config = json.loads(ablations.SWEEP_FILE.read_text())["config"]
     out = ["", "## What each piece does: the ablation sweep (chapters 2-8)", "",
-           f"Every run starts from the warm start at {config['prompts_per_iteration']} prompts x G = "
-           f"{config['group_size']}, {config['grpo_iterations']} iterations, rate {ablations.format_rate(config['grpo_lr'])} "
+           f"Every run starts from the warm start at {partner.prompts_per_iteration} prompts x G = "
+           f"{partner.group_size}, {partner.iterations} iterations, rate {ablations.format_rate(partner.lr)} "
            "(`sweeps/ablations.json`), with the same prompts and seeds as `grpo`, and changes what its row says. "
            "Differences are against `grpo`, paired: on the test (200 problems x 4 draws) and on the last "
            "fixed-prompt validation checkpoint (64 problems x 4 draws), with the permutation test's p (\"<= p\": no "
