@@ -36,6 +36,10 @@ def test_the_sweep_file_is_the_design_the_chapters_describe():
         assert c["prompts_per_iteration"] * c["group_size"] == 16 * 8 == 128  # one budget of rollouts, split
     assert {n for n in names if settings[n]["config"].get("clip_eps") == 0.99} == {
         "updates_2_clip_0p99", "updates_4_clip_0p99", "updates_16_clip_0p99", "updates_16_clip_0p99_rate_3e-4"}
+    updates = {r.get("options", {}).get("updates_per_iteration") or get_preset("tiny").updates_per_iteration
+               for r in SPEC["runs"] if r["name"].startswith("updates")}
+    assert updates == {1, 2, 4, 16}  # chapter 4: "1, 2, 4 and 16 updates per batch"
+    assert settings["updates_16_rate_3e-4"]["config"]["grpo_lr"] == pytest.approx(3 * SPEC["config"]["grpo_lr"])
     assert {n: settings[n]["config"].get("seed") for n in names if "seed" in n} == {
         f"{m}_seed_{k}": 1233 + k for m in ("grpo", "rft", "sft") for k in (2, 3)}
 
