@@ -31,6 +31,7 @@ LEARNING_CODE = ("labkit/config.py", "labkit/data.py", "labkit/scoring.py", "lab
                  "labkit/tokenizer.py", "labkit/sampling.py", "labkit/static_sampler.py", "labkit/verifier.py",
                  "labkit/memory.py")
 ROLLOUT_CODE = ("labkit/losses.py", "labkit/grpo.py", "labkit/checkpoint_curves.py", "labkit/shared_prompt.py",
+                "labkit/objectives.py",
                 "labkit/variants.py", "labkit/reward_model.py",
                 "labkit/evaluate.py", "labkit/metrics.py")  # reward_model finds its policies with evaluate
 # The base's imports that it does not record, because nearly every change to the lab edits one of them and

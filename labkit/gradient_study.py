@@ -54,18 +54,12 @@ def scheme_advantages(rewards: torch.Tensor, scheme: str, eps: float = 1e-8) -> 
     """(P, G) advantages of (P, G) rewards under `scheme` (ADVANTAGE_SCHEMES), float64, detached."""
     if scheme not in ADVANTAGE_SCHEMES:
         raise ValueError(f"advantage scheme {scheme!r}: expected one of {ADVANTAGE_SCHEMES}")
-    r = rewards.detach().to(torch.float64)
+    # the loop's own functions (`labkit.variants.ADVANTAGE_TABLE` calls the same ones)
     if scheme == "none":
-        return r.clone()
-    if scheme == "mean_std":
-        return losses.group_advantages(r, eps=eps)
-    centred = losses.group_advantages(r, eps=eps, scale_by_std=False)  # exact zeros for a constant group
-    G = r.shape[1]
+        return losses.raw_reward_advantages(rewards)
     if scheme == "leave_one_out":
-        if G < 2:
-            raise ValueError("a leave-one-out baseline needs G >= 2")
-        return centred * (G / (G - 1))
-    return centred
+        return losses.leave_one_out_advantages(rewards)
+    return losses.group_advantages(rewards, eps=eps, scale_by_std=scheme == "mean_std")
 
 
 # -- 1. The identity, on a game small enough to enumerate ---------------------------------------------

@@ -43,6 +43,7 @@ from .config import SEED_OFFSETS, PresetConfig, get_preset
 from .runs import (REPO_ROOT, ArtifactError, RunFolder, UnfinishedRunError, display_path, is_finished, preset_folder,
                    read_json, run_path, same_folder, write_json)
 from .schedule import clipped_step, warmup_linear_decay
+from . import variants
 from .variants import Resolved, Variant, resolve
 
 PROTOCOL = Variant()  # the protocol's loop: every switch at its default
@@ -109,16 +110,17 @@ class PromptOrder:
 
 
 def sample_groups(model, tokenizer, chosen: list[dict], prompts: dict[str, list[int]], seeds: list[int], G: int,
-                  iteration: int, sampler: str, max_new_tokens: int) -> list[sampling.Group]:
+                  iteration: int, sampler: str, max_new_tokens: int, stem_tag: str = "") -> list[sampling.Group]:
     """G responses to each chosen problem, sampled by the current (= old) policy in one sampler call.
 
     chosen: the iteration's P pool problems; seeds: P x G, prompt-major.  Each group is
     verified against its problem by `labkit.verifier` (the model never sees the labels).
+    stem_tag: appended to each group's id stem (dynamic sampling's extra draws: "-d1", ...).
     """
     return sampling.sample_groups(
         model, tokenizer, [(p["id"], prompts[p["id"]], p["problem"]) for p in chosen], G, seeds, sampler=sampler,
         max_new_tokens=max_new_tokens, policy_digest=models.parameter_digest(model),
-        rollout_ids=[f"{stem}-{j}" for stem in group_stems(chosen, G, iteration) for j in range(G)],
+        rollout_ids=[f"{stem}{stem_tag}-{j}" for stem in group_stems(chosen, G, iteration) for j in range(G)],
     )
 
 
@@ -205,9 +207,9 @@ def objective_loss(logp_cur: torch.Tensor, logits_cur: torch.Tensor, reference: 
     Shapes as `grpo_loss`'s.  Returns (loss, metrics).
     """
     groups = group_size if resolved.objective.grouped else None
-    term, term_stats = resolved.objective.term(logp_cur, old_logprobs, advantages, mask, groups, config.clip_eps,
-                                               reduction)
-    reduce = lambda values: losses.reduce(values, mask, groups, reduction)  # noqa: E731
+    term, term_stats = resolved.objective.term(logp_cur, old_logprobs, advantages, mask, groups, reduction,
+                                               resolved.clip(config))
+    reduce = lambda values: losses.reduce(values, mask, groups, reduction, config.max_response_tokens)  # noqa: E731
     penalty, exact, k3 = resolved.kl_term((logp_cur, logits_cur), reference, reduce, config.kl_block_size)
     loss = term + config.kl_coef * penalty
     with torch.no_grad():
@@ -237,7 +239,7 @@ def grpo_loss(logp_cur: torch.Tensor, logits_cur: torch.Tensor, reference: tuple
 def grpo_update(model, optimizer, batch: scoring.Batch, old_logprobs: torch.Tensor | None,
                 advantages: torch.Tensor | None, reference: tuple[torch.Tensor, torch.Tensor], lr: float, *,
                 group_size: int, config: PresetConfig, before_step=None, variant: Variant = PROTOCOL,
-                score=None, resolved: Resolved | None = None) -> dict:
+                score=None, resolved: Resolved | None = None, loss_mask: torch.Tensor | None = None) -> dict:
     """One AdamW update of the variant's loss (`objective_loss`) at learning rate `lr`, gradient norm
     clipped (`schedule.clipped_step`); returns its metrics.
 
@@ -246,13 +248,14 @@ def grpo_update(model, optimizer, batch: scoring.Batch, old_logprobs: torch.Tens
     weights: the loop passes the pre-update check there, so the check costs no forward of its own.
     resolved: `variant` looked up in `labkit.variants`' tables (the loop passes the one it holds;
     default: looked up here).
+    loss_mask: (B, R) the tokens the loss sees, when not all the response tokens (overlong filtering).
     """
     device = next(model.parameters()).device
     optimizer.zero_grad(set_to_none=True)
     logp_cur, logits_cur = (score or plain_scorer(batch))(model)  # (B, R), (B, R, V)
     if before_step is not None:
         before_step(logp_cur.detach())
-    mask = batch.response_mask.to(device)
+    mask = (batch.response_mask if loss_mask is None else loss_mask).to(device)
     to_device = lambda t: None if t is None else t.to(device)  # noqa: E731  (RFT and SFT have neither)
     loss, metrics = objective_loss(logp_cur, logits_cur, reference, mask, to_device(old_logprobs),
                                    to_device(advantages), group_size, config, resolved or resolve(variant),
@@ -444,6 +447,8 @@ class Sampled:
     """(P x G,) float64: the group advantages of `optimised`"""
     seconds: float
     """the sampling call's wall time"""
+    dynamic: dict | None = None
+    """dynamic sampling's account of the iteration (None without it): groups dropped, prompts drawn"""
 
     @property
     def rollouts(self) -> list[sampling.Rollout]:
@@ -463,8 +468,7 @@ def optimised_rewards(groups: list[sampling.Group], loop: Loop) -> torch.Tensor:
 def advantages_of(loop: Loop, optimised: torch.Tensor) -> torch.Tensor:
     """(P x G,) prompt-major: the group advantages of the optimised rewards (P, G), as the loop's
     variant scales them."""
-    return losses.group_advantages(optimised, eps=loop.config.advantage_eps,
-                                   scale_by_std=loop.variant.scale_by_std).reshape(-1)
+    return loop.resolved.advantages(optimised, loop.config.advantage_eps, loop.variant.scale_by_std).reshape(-1)
 
 
 def sample_iteration(loop: Loop, iteration: int, sampler: str, chosen: list[dict] | None = None,
@@ -481,12 +485,26 @@ def sample_iteration(loop: Loop, iteration: int, sampler: str, chosen: list[dict
                            config.max_response_tokens)
     seconds = time.perf_counter() - t0
     optimised = optimised_rewards(groups, loop)  # (P, G)
+    # the variant's groups: these (the protocol), or with silent groups replaced (dynamic sampling)
+    chosen, groups, optimised, dynamic = loop.resolved.refill(
+        chosen, groups, optimised, loop.config.prompts_per_iteration,
+        lambda tag: draw_and_sample(loop, iteration, sampler, tag))
+    seconds = time.perf_counter() - t0
     sampled = Sampled(chosen=chosen, groups=groups, optimised=optimised, advantages=advantages_of(loop, optimised),
-                      seconds=seconds)
+                      seconds=seconds, dynamic=dynamic)
     repeated = set(loop.consumed).intersection(r.rollout_id for r in sampled.rollouts)
     if repeated:
         raise RuntimeError(f"rollouts {sorted(repeated)} were already optimised; a rollout is used once")
     return sampled
+
+
+def draw_and_sample(loop: Loop, iteration: int, sampler: str, stem_tag: str) -> tuple[list[dict], list, torch.Tensor]:
+    """P fresh prompts (the pool's next ones), G responses each, verified, and their optimised rewards
+    (P, G): the extra draws of dynamic sampling (`variants.refill_silent_groups`)."""
+    chosen, seeds = draw_prompts(loop)
+    groups = sample_groups(loop.model, loop.tokenizer, chosen, loop.prompts, seeds, loop.G, iteration, sampler,
+                           loop.config.max_response_tokens, stem_tag=stem_tag)
+    return chosen, groups, optimised_rewards(groups, loop)
 
 
 def draw_prompts(loop: Loop) -> tuple[list[dict], list[int]]:
@@ -534,13 +552,17 @@ def update_iteration(loop: Loop, s: Sampled) -> tuple[list[dict], dict]:
         check["seconds"] = time.perf_counter() - t  # the comparison only: the forward is the update's
 
     on_rollouts = loop.resolved.objective.rows == "rollouts"
-    if not on_rollouts:
+    prompts, responses = LEARNING_ROWS[loop.resolved.objective.rows](loop, s)
+    kept = loop.resolved.loss_rows(rollouts) if on_rollouts else None  # (B,) bool, or None: every row
+    if kept is not None and not kept.any():
+        prompts = []  # every response was filtered out: nothing to learn from
+    if not on_rollouts or not prompts:
         pre_update_check(scoring.response_logprobs(loop.model, scoring.make_batch(
             [r.prompt_ids for r in rollouts], [r.response_ids for r in rollouts], pad_id=0))[0])
-    prompts, responses = LEARNING_ROWS[loop.resolved.objective.rows](loop, s)
     updates = []
     if prompts:
         batch = scoring.make_batch(prompts, responses, pad_id=loop.tokenizer.pad_token_id)
+        loss_mask = None if kept is None else batch.response_mask * kept[:, None].to(batch.response_mask.dtype)
         old = padded([r.old_logprobs for r in rollouts], batch.response_mask.shape[1]) if on_rollouts else None
         score = (shared_prompt_scorer(prompts, responses, G, loop.tokenizer.pad_token_id)
                  if loop.shared_prompts and on_rollouts else plain_scorer(batch))
@@ -551,9 +573,10 @@ def update_iteration(loop: Loop, s: Sampled) -> tuple[list[dict], dict]:
             updates.append(grpo_update(loop.model, loop.optimizer, batch, old, s.advantages, reference, lr,
                                        group_size=G, config=config,
                                        before_step=pre_update_check if k == 0 and on_rollouts else None,
-                                       variant=loop.variant, score=score, resolved=loop.resolved))
+                                       variant=loop.variant, score=score, resolved=loop.resolved,
+                                       loss_mask=loss_mask))
             loop.next_update += 1
-    else:  # RFT with no correct response this iteration: nothing to learn from, no update
+    else:  # RFT with no correct response (or every response overlong): nothing to learn from, no update
         loop.next_update += loop.updates_per_iteration
     loop.consumed += [r.rollout_id for r in rollouts]
     return updates, check
@@ -572,6 +595,10 @@ def record_iteration(loop: Loop, iteration: int, s: Sampled, updates: list[dict]
         "optimised_reward": float(s.optimised.mean()),
         "optimised/frac_reward_zero_std": float(losses.zero_variance_groups(s.optimised).float().mean()),
         "logprob_check/max_abs_diff": check["max_abs_diff"],
+        # DAPO's switches account for what they did (absent from the protocol's records)
+        **({"dynamic_sampling": s.dynamic} if s.dynamic is not None else {}),
+        **({"overlong_filtered": sum(r.finish_reason == "length" for r in s.rollouts)}
+           if loop.resolved.loss_rows is not variants.all_rows else {}),
         "updates": updates,
         # the figures trainers log, from the last update of the iteration (None: no update ran)
         **{k: updates[-1][k] if updates else None

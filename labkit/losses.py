@@ -91,6 +91,34 @@ def group_advantages(rewards: torch.Tensor, eps: float = 1e-8, scale_by_std: boo
     return centred / (std + eps)
 
 
+def leave_one_out_advantages(rewards: torch.Tensor) -> torch.Tensor:
+    """RLOO's advantages: each reward minus the mean of the *other* G - 1 rewards of its group.
+
+        A_i = r_i - (1 / (G - 1)) sum_{j != i} r_j  =  G / (G - 1) x (r_i - mean(r))
+
+    rewards: (groups, G), G >= 2.  Returns (groups, G) float64, detached; a group whose rewards
+    are all equal gets exactly 0.0 (as in `group_advantages`).  The baseline of response i does
+    not depend on r_i, so the estimator stays unbiased; the factor G / (G - 1) is all that
+    separates it from the group mean's centring (Dr. GRPO)."""
+    _check_rewards(rewards)
+    G = rewards.shape[1]
+    if G < 2:
+        raise ValueError(f"leave-one-out needs G >= 2 responses per group, got {G}")
+    r = rewards.detach().to(torch.float64)
+    constant = zero_variance_groups(r)  # (groups,)
+    others = (r.sum(dim=1, keepdim=True) - r) / (G - 1)  # (groups, G)
+    return torch.where(constant[:, None], torch.zeros_like(r), r - others)
+
+
+def raw_reward_advantages(rewards: torch.Tensor) -> torch.Tensor:
+    """No baseline (REINFORCE on the reward itself): A_i = r_i.  (groups, G) -> (groups, G) float64.
+
+    Unbiased like the others, but with 0/1 rewards every correct response is pushed up and no
+    wrong one is pushed down, and a group that is all right still pushes: its mean is the signal."""
+    _check_rewards(rewards)
+    return rewards.detach().to(torch.float64).clone()
+
+
 # ----------------------------------------------------------------------------
 # 4. The reduction: token mean, then response (group) mean, then prompt mean
 # ----------------------------------------------------------------------------
@@ -163,14 +191,36 @@ def token_mean(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     return torch.where(active, values, zeros).sum() / active.sum()
 
 
+def constant_mean(values: torch.Tensor, mask: torch.Tensor, max_response_tokens: int) -> torch.Tensor:
+    """Dr. GRPO's reduction: the sum over every active token divided by a constant, B x max_response_tokens.
+
+        out = sum_it mask_it values_it / (B L_max)
+
+    values, mask: (B, T), T <= max_response_tokens.  Returns a 0-d tensor.  Every token weighs
+    the same 1 / (B L_max), whatever its response's length or the batch's: neither the per-response
+    mean's favour for short responses nor the token mean's dependence on the batch's lengths."""
+    _check_values_and_mask(values, mask)
+    if not max_response_tokens or max_response_tokens < values.shape[1]:
+        raise ValueError(f"constant_mean: max_response_tokens must be >= the {values.shape[1]} positions of "
+                         f"the batch, got {max_response_tokens!r}")
+    zeros = torch.zeros((), dtype=values.dtype, device=values.device)
+    return torch.where(mask.bool(), values, zeros).sum() / (values.shape[0] * max_response_tokens)
+
+
+REDUCTIONS = ("sequence", "token", "constant")
+
+
 def reduce(values: torch.Tensor, mask: torch.Tensor, group_size: int | None = None,
-           reduction: str = "sequence") -> torch.Tensor:
-    """`reduce_tokens` ("sequence", the protocol's) or `token_mean` ("token"); (B, T) -> 0-d."""
+           reduction: str = "sequence", max_response_tokens: int | None = None) -> torch.Tensor:
+    """`reduce_tokens` ("sequence", the protocol's), `token_mean` ("token") or `constant_mean`
+    ("constant", which needs max_response_tokens); (B, T) -> 0-d."""
     if reduction == "sequence":
         return reduce_tokens(values, mask, group_size)
     if reduction == "token":
         return token_mean(values, mask)
-    raise ValueError(f"unknown reduction {reduction!r}; expected 'sequence' or 'token'")
+    if reduction == "constant":
+        return constant_mean(values, mask, max_response_tokens)
+    raise ValueError(f"unknown reduction {reduction!r}; expected one of {REDUCTIONS}")
 
 
 # ----------------------------------------------------------------------------
@@ -186,11 +236,13 @@ def clipped_surrogate(
     clip_eps: float = 0.2,
     group_size: int | None = None,
     reduction: str = "sequence",
+    clip_eps_high: float | None = None,
+    max_response_tokens: int | None = None,
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """The clipped surrogate loss of PPO/GRPO and its clipping statistics.
 
         rho_it = exp(logp_cur_it - logp_old_it)
-        obj_it = min(rho_it A_i, clip(rho_it, 1 - eps, 1 + eps) A_i)
+        obj_it = min(rho_it A_i, clip(rho_it, 1 - eps, 1 + eps_high) A_i)
         loss   = - reduce_tokens(obj, mask, group_size)
 
     logp_cur:   (B, T) log-probs of the sampled tokens under the current policy (with grad).
@@ -199,7 +251,9 @@ def clipped_surrogate(
     mask:       (B, T) True on response tokens.
     group_size: G for the reduction (see `reduce_tokens`); None = one group of all rows,
                 which gives the same value whenever groups have equal sizes.
-    reduction:  "sequence" (`reduce_tokens`, the protocol's) or "token" (`token_mean`).
+    reduction:  "sequence" (`reduce_tokens`, the protocol's), "token" (`token_mean`) or
+                "constant" (`constant_mean`, with max_response_tokens).
+    clip_eps_high: the upper clip's epsilon (DAPO's clip-higher); None: clip_eps, symmetric.
 
     The gradient of obj_it with respect to logp_cur_it is rho_it A_i where the min picks
     the unclipped term, and exactly 0 where the clip is active: rho > 1 + eps with A > 0,
@@ -225,6 +279,9 @@ def clipped_surrogate(
         raise ValueError("advantages require grad: rewards and advantages carry no gradient; detach them")
     if not 0.0 < clip_eps < 1.0:
         raise ValueError(f"clip_eps must lie in (0, 1), got {clip_eps}")
+    eps_high = clip_eps if clip_eps_high is None else clip_eps_high
+    if not eps_high > 0.0:
+        raise ValueError(f"clip_eps_high must be > 0, got {clip_eps_high}")
 
     active = mask.bool()
     # On padding the log-probs may be anything (even -inf); rho is set to 1 there so that
@@ -233,13 +290,13 @@ def clipped_surrogate(
     rho = torch.exp(log_ratio)  # (B, T)
     adv = advantages.to(logp_cur.dtype)[:, None]  # (B, 1)
     unclipped = rho * adv
-    clipped = rho.clamp(1.0 - clip_eps, 1.0 + clip_eps) * adv
+    clipped = rho.clamp(1.0 - clip_eps, 1.0 + eps_high) * adv
     objective = torch.minimum(unclipped, clipped)  # (B, T)
-    loss = -reduce(objective, mask, group_size, reduction)
+    loss = -reduce(objective, mask, group_size, reduction, max_response_tokens)
 
     with torch.no_grad():
         low = (rho < 1.0 - clip_eps) & (adv < 0) & active
-        high = (rho > 1.0 + clip_eps) & (adv > 0) & active
+        high = (rho > 1.0 + eps_high) & (adv > 0) & active
         n_active = active.sum().clamp_min(1).to(torch.float64)
         rho_active = rho[active]
         stats = {

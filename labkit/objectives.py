@@ -28,7 +28,8 @@ estimate of KL(pi_theta || pi_ref), exp(logp_ref - logp) - (logp_ref - logp) - 1
 (Dr. GRPO).  [3] Yu et al. 2025, DAPO.  [4] Zheng et al. 2025, Group Sequence Policy Optimization.
 [5] MiniMax 2025, MiniMax-M1 (CISPO).
 
-The loop does not call this module yet; `python -m labkit objective-cases` writes
+The loop's GSPO and CISPO terms (`labkit.variants`) are built from `sequence_ratio` and
+`capped_weight_per_token` here.  `python -m labkit objective-cases` writes
 tests/data/objective_cases.json from it, so that anyone can recompute every loss and gradient from
 the papers' formulas (book: Outside checks).
 """
@@ -53,16 +54,13 @@ DEFAULTS = {  # each objective's parameters as its paper sets them
 def aggregate(values: torch.Tensor, mask: torch.Tensor, aggregation: str,
               max_response_tokens: int | None = None) -> torch.Tensor:
     """(B, T) per-token values -> 0-d, by `aggregation` (module docstring); padding never counts.
-    The first two are the loop's own reductions (`losses.reduce_tokens`, `losses.token_mean`)."""
+    All three are the loop's own reductions (`losses.reduce_tokens`, `token_mean`, `constant_mean`)."""
     if aggregation == "sequence_mean":
         return losses.reduce_tokens(values, mask)
     if aggregation == "token_mean":
         return losses.token_mean(values, mask)
     if aggregation == "constant":
-        if not max_response_tokens or max_response_tokens < int(mask.sum(dim=1).max()):
-            raise ValueError(f"aggregation 'constant' needs max_response_tokens >= the longest response, "
-                             f"got {max_response_tokens!r}")
-        return (values * mask.to(values.dtype)).sum() / (values.shape[0] * max_response_tokens)
+        return losses.constant_mean(values, mask, max_response_tokens)
     raise ValueError(f"aggregation {aggregation!r}: expected one of {AGGREGATIONS}")
 
 
@@ -70,6 +68,22 @@ def clipped_term(rho: torch.Tensor, advantages: torch.Tensor, epsilon_low: float
     """min(rho A, clip(rho, 1 - epsilon_low, 1 + epsilon_high) A), elementwise; rho (B, T) or (B,), A broadcast."""
     A = advantages.reshape(-1, *([1] * (rho.dim() - 1))).to(rho.dtype)
     return torch.minimum(rho * A, rho.clamp(1.0 - epsilon_low, 1.0 + epsilon_high) * A)
+
+
+def sequence_ratio(logp: torch.Tensor, logp_old: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """GSPO's s_i = exp(mean over response i's tokens of logp - logp_old): (B, T) x 3 -> (B,).
+    Padding never counts (its log-ratio is set to 0 before the sum, so an inf there cannot leak)."""
+    m = mask.to(logp.dtype)
+    log_ratio = torch.where(mask.bool(), logp - logp_old.detach(), torch.zeros_like(logp))
+    return torch.exp((log_ratio * m).sum(dim=1) / m.sum(dim=1))
+
+
+def capped_weight_per_token(logp: torch.Tensor, logp_old: torch.Tensor, advantages: torch.Tensor,
+                            weight_cap: float) -> torch.Tensor:
+    """CISPO's per-token term sg(min(rho, weight_cap)) A logp: (B, T); its gradient is the capped
+    weight times A times grad log pi on every token (no token is dropped, as PPO's clip drops them)."""
+    weight = torch.exp(logp - logp_old.detach()).clamp(max=weight_cap).detach()
+    return weight * advantages.reshape(-1, 1).to(logp.dtype) * logp
 
 
 def objective_loss(objective: str, logp: torch.Tensor, logp_old: torch.Tensor, advantages: torch.Tensor,
@@ -91,13 +105,12 @@ def objective_loss(objective: str, logp: torch.Tensor, logp_old: torch.Tensor, a
     logp_old = logp_old.detach()
     m = mask.to(logp.dtype)
     if objective == "gspo":
-        s = torch.exp(((logp - logp_old) * m).sum(dim=1) / m.sum(dim=1))  # (B,) the sequence-level ratio
+        s = sequence_ratio(logp, logp_old, mask)  # (B,) the sequence-level ratio
         loss = -clipped_term(s, advantages, p["epsilon_low"], p["epsilon_high"]).mean()
         aggregation_for_kl = "sequence_mean"
     else:
         if objective == "cispo":
-            weight = torch.exp(logp - logp_old).clamp(max=p["weight_cap"]).detach()
-            per_token = weight * advantages.reshape(-1, 1).to(logp.dtype) * logp
+            per_token = capped_weight_per_token(logp, logp_old, advantages, p["weight_cap"])
         else:
             per_token = clipped_term(torch.exp(logp - logp_old), advantages, p["epsilon_low"], p["epsilon_high"])
         loss = -aggregate(per_token, m, p["aggregation"], max_response_tokens)

@@ -8,15 +8,33 @@ part of the loop and nothing else:
                                policy's own responses whose optimised reward is 1; no advantage
                        "sft"   cross-entropy on the solver's targets for the same prompts: the
                                supervised reference at an equal prompt budget
+                       "gspo"  GSPO: one ratio per response, exp(mean over its tokens of
+                               log pi - log pi_old), clipped per response to [1 - 3e-4, 1 + 4e-4]
+                       "cispo" CISPO: sg(min(rho, 1 + eps_high)) A log pi on every token: the
+                               weight is capped, no token's gradient is dropped
+    baseline           what is subtracted from each reward: "group_mean" (GRPO, Dr. GRPO);
+                       "leave_one_out": the mean of the group's other G - 1 rewards (RLOO);
+                       "none": nothing, A = r (REINFORCE on the 0/1 reward)
     scale_by_std       True: A = (r - mean) / (std + eps) (GRPO); False: A = r - mean (Dr. GRPO).
-                       With near-equal rewards the division amplifies tiny differences.
+                       With near-equal rewards the division amplifies tiny differences.  Only
+                       with the group-mean baseline.
     reduction          "sequence": token -> response -> prompt means (each response weighs the
                        same, whatever its length); "token": one mean over all the batch's tokens
-                       (TRL's "dapo"/"bnpo"): a long response weighs more
+                       (TRL's "dapo"/"bnpo"): a long response weighs more; "constant": the sum
+                       over all tokens / (B x the preset's response limit) (Dr. GRPO's)
     kl                 "exact": the exact per-prefix KL(current || reference) over the vocabulary
-                       (the protocol); "k3": the k3 estimator on the sampled tokens (DeepSeekMath,
-                       TRL), whose expected gradient follows KL(reference || current), not the
-                       exact term's KL(current || reference); "none"
+                       (the protocol); "k1", "k2", "k3": an estimator on the sampled tokens, put
+                       in the loss as it is.  k3 (DeepSeekMath, TRL) has an expected gradient that
+                       follows KL(reference || current), not KL(current || reference); k2's follows
+                       KL(current || reference); k1's is zero in expectation; "none"
+    clip_eps_high      the upper clip's epsilon (DAPO's clip-higher: 0.28); None: the preset's
+                       clip_eps, a symmetric clip.  CISPO's weight cap is 1 + this
+    overlong_filter    DAPO's overlong filtering: responses stopped by the token limit are taken
+                       out of the loss (needs reduction "token" or "constant")
+    dynamic_sampling   DAPO's dynamic sampling: groups whose optimised rewards are all equal are
+                       dropped and replaced by groups of fresh prompts, at most
+                       DYNAMIC_SAMPLING_ROUNDS extra draws of P prompts an iteration (then the
+                       batch is filled up with dropped groups); logged per iteration
     length_penalty     the optimised reward is r - length_penalty x (response tokens / limit)
     updates_per_iteration  None: the preset's 2; with 1 the ratio is exactly 1 and the clip never
                        acts (REINFORCE with a group baseline)
@@ -30,8 +48,9 @@ part of the loop and nothing else:
 The log always keeps the true (verifier) reward beside the optimised one.
 
 Each switch with named values is a table below, one small function per entry: `REWARD_TABLE`,
-`KL_TABLE` and `OBJECTIVE_TABLE`.  `resolve` looks a variant up in them once, when a loop starts
-(`labkit.grpo.start_loop`); the loop then calls what it was given and never tests a switch.
+`KL_TABLE`, `OBJECTIVE_TABLE` and `ADVANTAGE_TABLE`.  `resolve` looks a variant up in them once,
+when a loop starts (`labkit.grpo.start_loop`); the loop then calls what it was given.  The loss
+terms of GSPO and CISPO are `labkit.objectives`' (each checked against its paper's formula).
 """
 
 from __future__ import annotations
@@ -43,12 +62,15 @@ from typing import Callable
 
 import torch
 
-from . import losses
+from . import losses, objectives
 
-OBJECTIVES = ("grpo", "rft", "sft")
-REDUCTIONS = ("sequence", "token")
-KLS = ("exact", "k3", "none")
+OBJECTIVES = ("grpo", "rft", "sft", "gspo", "cispo")
+REDUCTIONS = losses.REDUCTIONS
+KLS = ("exact", "k1", "k2", "k3", "none")
 REWARDS = ("verifier", "random", "format", "learned")
+BASELINES = ("group_mean", "leave_one_out", "none")
+DYNAMIC_SAMPLING_ROUNDS = 3
+"""extra draws of P prompts an iteration that dynamic sampling may make before it stops"""
 
 
 @dataclass(frozen=True)
@@ -56,7 +78,7 @@ class Variant:
     """One setting of the loop's switches (the module docstring says what each does)."""
 
     objective: str = "grpo"
-    """"grpo", "rft" or "sft\""""
+    """"grpo", "rft", "sft", "gspo" or "cispo\""""
     scale_by_std: bool = True
     """divide the centred rewards by the group's std (GRPO) or not (Dr. GRPO)"""
     reduction: str = "sequence"
@@ -71,14 +93,39 @@ class Variant:
     """"verifier", "random", "format" or "learned\""""
     random_reward_p: float | None = None
     """the random control's success probability (required with reward "random")"""
+    baseline: str = "group_mean"
+    """"group_mean", "leave_one_out" (RLOO) or "none" (REINFORCE)"""
+    clip_eps_high: float | None = None
+    """the upper clip's epsilon (DAPO: 0.28); None: the preset's clip_eps"""
+    overlong_filter: bool = False
+    """take responses stopped by the token limit out of the loss (DAPO)"""
+    dynamic_sampling: bool = False
+    """replace groups with no signal by fresh prompts' groups (DAPO)"""
 
     def __post_init__(self):
         for name, allowed in (("objective", OBJECTIVES), ("reduction", REDUCTIONS), ("kl", KLS),
-                              ("reward", REWARDS)):
+                              ("reward", REWARDS), ("baseline", BASELINES)):
             if getattr(self, name) not in allowed:
                 raise ValueError(f"variant {name}={getattr(self, name)!r}: expected one of {allowed}")
-        if not isinstance(self.scale_by_std, bool):
-            raise ValueError(f"variant scale_by_std={self.scale_by_std!r}: expected true or false")
+        for name in ("scale_by_std", "overlong_filter", "dynamic_sampling"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"variant {name}={getattr(self, name)!r}: expected true or false")
+        if self.baseline != "group_mean" and self.scale_by_std:
+            raise ValueError(f"variant baseline={self.baseline!r} divides by no std: set scale_by_std to false")
+        if self.clip_eps_high is not None and (isinstance(self.clip_eps_high, bool)
+                                               or not isinstance(self.clip_eps_high, (int, float))
+                                               or not 0.0 < self.clip_eps_high < 1.0):
+            raise ValueError(f"variant clip_eps_high={self.clip_eps_high!r}: a number in (0, 1)")
+        if self.objective == "gspo" and self.reduction != "sequence":
+            raise ValueError(f"variant objective 'gspo' reduces per response: reduction must be 'sequence', "
+                             f"got {self.reduction!r}")
+        if self.overlong_filter and self.reduction == "sequence":
+            raise ValueError("variant overlong_filter drops responses' tokens from a token-level reduction: "
+                             "set reduction to 'token' (DAPO's) or 'constant'")
+        if self.objective in ("rft", "sft") and (self.baseline != "group_mean" or self.clip_eps_high is not None
+                                                 or self.overlong_filter or self.dynamic_sampling):
+            raise ValueError(f"variant objective {self.objective!r} learns by cross-entropy: baseline, "
+                             f"clip_eps_high, overlong_filter and dynamic_sampling do not apply")
         if isinstance(self.length_penalty, bool) or not isinstance(self.length_penalty, (int, float)) \
                 or not self.length_penalty >= 0.0:
             raise ValueError(f"variant length_penalty={self.length_penalty!r}: a number >= 0")
@@ -190,6 +237,18 @@ def k3_kl_term(current, reference, reduce, block_size: int):
     return k3, exact, k3
 
 
+def estimator_kl_term(name: str) -> Callable:
+    """The KL term that puts estimator `name` ("k1" or "k2") of `losses.kl_estimators` in the loss."""
+    def term(current, reference, reduce, block_size: int):
+        estimate = reduce(losses.kl_estimators(current[0], reference[0])[name])
+        with torch.no_grad():
+            k3 = reduce(losses.kl_estimators(current[0].detach(), reference[0])["k3"])
+            exact = reduce(losses.exact_prefix_kl(current[1].detach(), reference[1], block_size=block_size))
+        return estimate, exact, k3
+    term.__doc__ = f"The {name} estimator on the sampled tokens, in the loss as it is."
+    return term
+
+
 def no_kl_term(current, reference, reduce, block_size: int):
     """No penalty; both measures are still logged."""
     with torch.no_grad():
@@ -198,7 +257,8 @@ def no_kl_term(current, reference, reduce, block_size: int):
     return torch.zeros((), device=current[0].device), exact, k3
 
 
-KL_TABLE = {"exact": exact_kl_term, "k3": k3_kl_term, "none": no_kl_term}
+KL_TABLE = {"exact": exact_kl_term, "k1": estimator_kl_term("k1"), "k2": estimator_kl_term("k2"),
+            "k3": k3_kl_term, "none": no_kl_term}
 
 # Objectives.  Each entry says which rows the updates learn from and which loss term they use.
 # The rows: "rollouts", the iteration's own rollouts with their advantages (GRPO);
@@ -206,15 +266,61 @@ KL_TABLE = {"exact": exact_kl_term, "k3": k3_kl_term, "none": no_kl_term}
 # "solver_targets", the solver's target for each chosen prompt (SFT).
 
 
-def surrogate_term(logp_cur, old_logprobs, advantages, mask, group_size, clip_eps, reduction):
+@dataclass(frozen=True)
+class Clip:
+    """What an objective's term needs beyond the batch: the clip and the constant reduction's length."""
+
+    eps: float
+    """the lower clip's epsilon (the preset's clip_eps)"""
+    eps_high: float
+    """the upper clip's epsilon (= eps unless the variant sets clip_eps_high); CISPO's cap is 1 + this"""
+    max_response_tokens: int
+    """the preset's response limit: the length in the "constant" reduction"""
+
+
+def surrogate_term(logp_cur, old_logprobs, advantages, mask, group_size, reduction, clip: Clip):
     """The clipped surrogate on group advantages, reduced per group: (value 0-d, clip statistics)."""
-    return losses.clipped_surrogate(logp_cur, old_logprobs, advantages, mask, clip_eps=clip_eps,
-                                    group_size=group_size, reduction=reduction)
+    return losses.clipped_surrogate(logp_cur, old_logprobs, advantages, mask, clip_eps=clip.eps,
+                                    group_size=group_size, reduction=reduction,
+                                    clip_eps_high=None if clip.eps_high == clip.eps else clip.eps_high,
+                                    max_response_tokens=clip.max_response_tokens)
 
 
-def imitation_term(logp_cur, old_logprobs, advantages, mask, group_size, clip_eps, reduction):
+def sequence_ratio_term(logp_cur, old_logprobs, advantages, mask, group_size, reduction, clip: Clip):
+    """GSPO: each response's ratio exp(mean_t log-ratio), clipped per response to the paper's
+    [1 - 3e-4, 1 + 4e-4] (`objectives.DEFAULTS`), a mean over each group's responses, then over groups."""
+    eps_low, eps_high = objectives.DEFAULTS["gspo"]["epsilon_low"], objectives.DEFAULTS["gspo"]["epsilon_high"]
+    s = objectives.sequence_ratio(logp_cur, old_logprobs, mask)  # (B,)
+    per_response = objectives.clipped_term(s, advantages, eps_low, eps_high)  # (B,)
+    rows = per_response.shape[0]
+    group_size = rows if group_size is None else group_size
+    value = -per_response.view(rows // group_size, group_size).mean(dim=1).mean()
+    with torch.no_grad():
+        adv = advantages.to(s.dtype)
+        low, high = (s < 1.0 - eps_low) & (adv < 0), (s > 1.0 + eps_high) & (adv > 0)
+        stats = {"clip_ratio/low_mean": low.double().mean().item(), "clip_ratio/high_mean": high.double().mean().item(),
+                 "clip_ratio/region_mean": (low | high).double().mean().item(),
+                 "ratio/mean": s.mean().item(), "ratio/min": s.min().item(), "ratio/max": s.max().item()}
+    return value, stats
+
+
+def capped_weight_term(logp_cur, old_logprobs, advantages, mask, group_size, reduction, clip: Clip):
+    """CISPO: sg(min(rho, 1 + eps_high)) A log pi on every token, reduced as the variant says; the
+    "high" share is the tokens whose weight the cap cut (their gradient is kept, scaled down)."""
+    per_token = objectives.capped_weight_per_token(logp_cur, old_logprobs, advantages, 1.0 + clip.eps_high)
+    value = -losses.reduce(per_token, mask, group_size, reduction, clip.max_response_tokens)
+    with torch.no_grad():
+        active = mask.bool()
+        rho = torch.exp(torch.where(active, logp_cur - old_logprobs, torch.zeros_like(logp_cur)))[active]
+        capped = (rho > 1.0 + clip.eps_high).double().mean().item()
+        stats = {"clip_ratio/low_mean": 0.0, "clip_ratio/high_mean": capped, "clip_ratio/region_mean": capped,
+                 "ratio/mean": rho.mean().item(), "ratio/min": rho.min().item(), "ratio/max": rho.max().item()}
+    return value, stats
+
+
+def imitation_term(logp_cur, old_logprobs, advantages, mask, group_size, reduction, clip: Clip):
     """The mean negative log-likelihood of the rows (one group of all); no ratio, so nothing clipped."""
-    return losses.reduce(-logp_cur, mask, None, reduction), {
+    return losses.reduce(-logp_cur, mask, None, reduction, clip.max_response_tokens), {
         "clip_ratio/low_mean": 0.0, "clip_ratio/high_mean": 0.0, "clip_ratio/region_mean": 0.0}
 
 
@@ -225,7 +331,7 @@ class Objective:
     rows: str
     """"rollouts", "own_correct" or "solver_targets" (the comment above the table)"""
     term: Callable
-    """term(logp_cur, old_logprobs, advantages, mask, group_size, clip_eps, reduction) -> (0-d, stats)"""
+    """term(logp_cur, old_logprobs, advantages, mask, group_size, reduction, clip) -> (0-d, stats)"""
     grouped: bool
     """reduce per group of G (the surrogate's) or over all rows as one group (cross-entropy's)"""
 
@@ -234,7 +340,61 @@ OBJECTIVE_TABLE = {
     "grpo": Objective("rollouts", surrogate_term, grouped=True),
     "rft": Objective("own_correct", imitation_term, grouped=False),
     "sft": Objective("solver_targets", imitation_term, grouped=False),
+    "gspo": Objective("rollouts", sequence_ratio_term, grouped=True),
+    "cispo": Objective("rollouts", capped_weight_term, grouped=True),
 }
+
+# Baselines: each takes the (P, G) optimised rewards, the preset's advantage eps and the variant's
+# scale_by_std, and returns the (P, G) float64 advantages.
+ADVANTAGE_TABLE = {
+    "group_mean": lambda rewards, eps, scale_by_std: losses.group_advantages(rewards, eps=eps, scale_by_std=scale_by_std),
+    "leave_one_out": lambda rewards, eps, scale_by_std: losses.leave_one_out_advantages(rewards),
+    "none": lambda rewards, eps, scale_by_std: losses.raw_reward_advantages(rewards),
+}
+
+
+# Groups and rows.  `refill` takes the iteration's (chosen, groups, optimised (P, G)), P and a
+# `redraw(tag) -> (chosen, groups, optimised)` that samples P fresh prompts (the loop's), and returns
+# the groups the iteration learns from with an account (None when it changes nothing);
+# `loss_rows(rollouts)` says which rollouts the loss sees ((B,) bool), None for all of them.
+
+
+def keep_groups(chosen, groups, optimised, P, redraw):
+    """The protocol: the iteration learns from the P groups it drew, silent or not."""
+    return chosen, groups, optimised, None
+
+
+def refill_silent_groups(chosen, groups, optimised, P, redraw):
+    """DAPO's dynamic sampling: keep the groups whose optimised rewards differ; redraw P fresh prompts,
+    at most DYNAMIC_SAMPLING_ROUNDS times, until P such groups are found; if the cap comes first, fill
+    the batch up with silent groups (they add nothing, as in plain GRPO).  The kept groups stay in the
+    order they were drawn.  The account: rounds, prompts drawn, groups with signal, silent ones kept."""
+    drawn = list(zip(chosen, groups, optimised))  # (problem, group, (G,) rewards)
+    silent = lambda d: bool(losses.zero_variance_groups(d[2][None])[0])  # noqa: E731
+    rounds = 0
+    while sum(not silent(d) for d in drawn) < P and rounds < DYNAMIC_SAMPLING_ROUNDS:
+        rounds += 1
+        drawn += list(zip(*redraw(f"-d{rounds}")))
+    with_signal = [i for i, d in enumerate(drawn) if not silent(d)]
+    kept = sorted((with_signal + [i for i, d in enumerate(drawn) if silent(d)])[:P])
+    account = {"rounds": rounds, "prompts_drawn": len(drawn), "groups_with_signal": len(with_signal),
+               "silent_kept": sum(silent(drawn[i]) for i in kept)}
+    return ([drawn[i][0] for i in kept], [drawn[i][1] for i in kept], torch.stack([drawn[i][2] for i in kept]),
+            account)
+
+
+def all_rows(rollouts):
+    """The protocol: the loss sees every rollout."""
+    return None
+
+
+def drop_overlong(rollouts) -> torch.Tensor:
+    """DAPO's overlong filtering: (B,) bool, False for a response stopped by the token limit."""
+    return torch.tensor([r.finish_reason != "length" for r in rollouts])
+
+
+REFILL_TABLE = {False: keep_groups, True: refill_silent_groups}
+LOSS_ROWS_TABLE = {False: all_rows, True: drop_overlong}
 
 
 def length_penalised(compute: Callable, coefficient: float) -> Callable:
@@ -254,8 +414,21 @@ class Resolved:
     """optimised_reward(groups, loop) -> (P, G) float32: the reward's, minus the length penalty if any"""
     kl_term: Callable
     objective: Objective
+    advantages: Callable
+    """advantages(rewards (P, G), eps, scale_by_std) -> (P, G) float64 (`ADVANTAGE_TABLE`)"""
+    refill: Callable
+    """`keep_groups` or `refill_silent_groups` (dynamic sampling)"""
+    loss_rows: Callable
+    """`all_rows` or `drop_overlong` (overlong filtering)"""
     identity: dict
     """what the variant adds to a run's identity ({} for the protocol, whose identity stays as it was)"""
+    clip_eps_high: float | None = None
+    """the variant's upper clip epsilon (None: the preset's clip_eps)"""
+
+    def clip(self, config) -> Clip:
+        """The clip and the constant reduction's length, from the preset's config and the variant."""
+        high = config.clip_eps if self.clip_eps_high is None else self.clip_eps_high
+        return Clip(eps=config.clip_eps, eps_high=high, max_response_tokens=config.max_response_tokens)
 
 
 def resolve(variant: Variant) -> Resolved:
@@ -263,8 +436,10 @@ def resolve(variant: Variant) -> Resolved:
     reward = REWARD_TABLE[variant.reward]
     optimised = length_penalised(reward.compute, variant.length_penalty) if variant.length_penalty else reward.compute
     return Resolved(reward=reward, optimised_reward=optimised, kl_term=KL_TABLE[variant.kl],
-                    objective=OBJECTIVE_TABLE[variant.objective],
-                    identity={} if variant.is_protocol else {"variant": variant.to_dict()})
+                    objective=OBJECTIVE_TABLE[variant.objective], advantages=ADVANTAGE_TABLE[variant.baseline],
+                    refill=REFILL_TABLE[variant.dynamic_sampling], loss_rows=LOSS_ROWS_TABLE[variant.overlong_filter],
+                    identity={} if variant.is_protocol else {"variant": variant.to_dict()},
+                    clip_eps_high=variant.clip_eps_high)
 
 
 def needs_learned_verifier(variant: Variant) -> bool:
@@ -274,3 +449,4 @@ def needs_learned_verifier(variant: Variant) -> bool:
 
 # every allowed value has its entry, and nothing else has one
 assert tuple(REWARD_TABLE) == REWARDS and tuple(KL_TABLE) == KLS and tuple(OBJECTIVE_TABLE) == OBJECTIVES
+assert tuple(ADVANTAGE_TABLE) == BASELINES

@@ -9,6 +9,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from labkit import losses
 from labkit.losses import (
     blockwise_logsumexp,
     clipped_surrogate,
@@ -432,3 +433,41 @@ def test_exact_kl_on_real_tiny_model_distributions():
         torch.testing.assert_close(exact_prefix_kl(cur, ref, block_size=block), expected, rtol=1e-10, atol=1e-12)
     torch.testing.assert_close(exact_prefix_kl(cur.float(), ref.float(), block_size=100), expected.float(),
                                rtol=1e-4, atol=1e-6)
+
+
+# -- Issue 40's baselines and issue 43's reductions, by hand --------------------------------------
+
+def test_leave_one_out_and_raw_reward_advantages_by_hand():
+    rewards = torch.tensor([[1.0, 0.0, 0.0, 1.0], [1.0, 1.0, 1.0, 1.0]])
+    loo = losses.leave_one_out_advantages(rewards)
+    # row 0: r_0 = 1 minus the mean of (0, 0, 1) = 1/3; r_1 = 0 minus the mean of (1, 0, 1) = 2/3
+    assert loo[0].tolist() == pytest.approx([2 / 3, -2 / 3, -2 / 3, 2 / 3], abs=1e-15) and loo.dtype == torch.float64
+    assert loo[1].tolist() == [0.0] * 4  # an all-equal group: exactly zero
+    # G / (G - 1) times the centred rewards (Dr. GRPO's), to the last bit here
+    assert torch.allclose(loo, 4 / 3 * losses.group_advantages(rewards, scale_by_std=False), rtol=0, atol=1e-15)
+    assert losses.raw_reward_advantages(rewards).tolist() == rewards.tolist()
+    with pytest.raises(ValueError, match="G >= 2"):
+        losses.leave_one_out_advantages(torch.ones(3, 1))
+
+
+def test_the_constant_reduction_divides_by_rows_times_the_limit():
+    values = torch.tensor([[1.0, 2.0, 3.0], [4.0, 5.0, float("nan")]], dtype=torch.float64)
+    mask = torch.tensor([[1, 1, 0], [1, 0, 0]])
+    assert float(losses.constant_mean(values, mask, 4)) == (1 + 2 + 4) / (2 * 4)  # padding (even nan) never counts
+    assert float(losses.reduce(values, mask, None, "constant", 4)) == 7 / 8
+    with pytest.raises(ValueError, match="max_response_tokens must be >= the 3 positions"):
+        losses.constant_mean(values, mask, 2)
+
+
+def test_clip_higher_widens_only_the_upper_side():
+    logp_old = torch.zeros(2, 1, dtype=torch.float64)
+    logp = torch.log(torch.tensor([[1.3], [0.7]], dtype=torch.float64)).requires_grad_(True)
+    adv, mask = torch.tensor([1.0, -1.0], dtype=torch.float64), torch.ones(2, 1)
+    sym, s1 = losses.clipped_surrogate(logp, logp_old, adv, mask, clip_eps=0.2)
+    high, s2 = losses.clipped_surrogate(logp, logp_old, adv, mask, clip_eps=0.2, clip_eps_high=0.28)
+    # row 0: min(1.3, 1.2) = 1.2 symmetric, min(1.3, 1.28) = 1.28 with clip-higher; row 1: min(-0.7, -0.8) = -0.8
+    assert float(sym.detach()) == pytest.approx(-(1.2 - 0.8) / 2, abs=1e-15)
+    assert float(high.detach()) == pytest.approx(-(1.28 - 0.8) / 2, abs=1e-15)
+    assert s1["clip_ratio/high_mean"] == 0.5 and s2["clip_ratio/high_mean"] == 0.5
+    same, _ = losses.clipped_surrogate(logp, logp_old, adv, mask, clip_eps=0.2, clip_eps_high=0.2)
+    assert float(same.detach()) == float(sym.detach())

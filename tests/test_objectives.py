@@ -145,7 +145,7 @@ def test_the_committed_case_file_is_what_the_code_gives(capsys):
 
 @pytest.mark.parametrize("call, message", [
     (lambda: _loss_and_grad("ppo", *HAND), r"objective 'ppo': expected one of"),
-    (lambda: _loss_and_grad("dr_grpo", *HAND), r"aggregation 'constant' needs max_response_tokens"),
+    (lambda: _loss_and_grad("dr_grpo", *HAND), r"constant_mean: max_response_tokens must be >= the"),
     (lambda: _loss_and_grad("grpo", *HAND, aggregation="mean"), r"aggregation 'mean': expected one of"),
     (lambda: _loss_and_grad("grpo", HAND[0], HAND[1], [1.0, 2.0], HAND[3]), r"advantages \(2,\) \(B,\)"),
     (lambda: _loss_and_grad("grpo", HAND[0], HAND[1], HAND[2], [[0.0, 0.0]]), "at least one token"),

@@ -77,6 +77,10 @@ def test_each_kl_term_logs_the_same_two_measures_and_optimises_its_own(kl):
     expected_k3 = (log_r.exp() - 1 - log_r).mean()
     assert float(exact.detach()) == pytest.approx(float(expected_exact), rel=1e-12)
     assert float(k3.detach()) == pytest.approx(float(expected_k3), rel=1e-12)
+    if kl in ("k1", "k2"):  # the estimator itself, with its gradient: k1 = -log r, k2 = (log r)^2 / 2
+        expected = (-log_r).mean() if kl == "k1" else (0.5 * log_r ** 2).mean()
+        assert float(penalty.detach()) == pytest.approx(float(expected), rel=1e-12) and penalty.requires_grad
+        return
     optimised = {"exact": exact, "k3": k3, "none": None}[kl]
     if optimised is None:
         assert float(penalty.detach()) == 0.0 and not penalty.requires_grad

@@ -31,8 +31,20 @@ def run(folder, start_file, variant, **kw):
 def test_options_are_checked_by_name():
     with pytest.raises(ValueError, match=r"unknown variant option\(s\) \['kll'\]"):
         Variant.from_dict({"kll": "none"})
-    with pytest.raises(ValueError, match="variant kl='k2': expected one of"):
-        Variant(kl="k2")
+    with pytest.raises(ValueError, match="variant kl='k4': expected one of"):
+        Variant(kl="k4")
+    with pytest.raises(ValueError, match="variant baseline='none' divides by no std: set scale_by_std to false"):
+        Variant(baseline="none")
+    with pytest.raises(ValueError, match="variant baseline='mean': expected one of"):
+        Variant(baseline="mean", scale_by_std=False)
+    with pytest.raises(ValueError, match=r"variant clip_eps_high=1.5: a number in \(0, 1\)"):
+        Variant(clip_eps_high=1.5)
+    with pytest.raises(ValueError, match="objective 'gspo' reduces per response"):
+        Variant(objective="gspo", reduction="token")
+    with pytest.raises(ValueError, match="overlong_filter drops responses' tokens from a token-level reduction"):
+        Variant(overlong_filter=True)
+    with pytest.raises(ValueError, match="objective 'rft' learns by cross-entropy"):
+        Variant(objective="rft", dynamic_sampling=True)
     with pytest.raises(ValueError, match="needs random_reward_p"):
         Variant(reward="random")
     with pytest.raises(ValueError, match="positive integer"):
@@ -104,3 +116,61 @@ def test_the_logged_kl_is_the_exact_one_whatever_the_penalty(tmp_path, start_fil
     assert first["kl"] == 0.0 and first["kl_k3"] == pytest.approx(0.0, abs=1e-6)  # current = reference at update 1
     second = history[-1]["updates"][-1]
     assert second["kl"] > 1e-6  # the policy moved; the exact KL is measured though not optimised
+
+
+# -- Issue 40's baselines and issue 43's objectives, through the loop ---------------------------
+
+RANDOM = dict(reward="random", random_reward_p=0.5)  # a signal even for a random-init model
+
+
+@pytest.mark.parametrize("baseline", ["none", "leave_one_out"])
+def test_each_baseline_gives_its_advantages_in_the_loop(tmp_path, start_file, baseline):
+    _, _, rows = run(tmp_path / baseline, start_file, Variant(baseline=baseline, scale_by_std=False, **RANDOM))
+    for k in range(0, len(rows), 2):  # G = 2
+        a, b = rows[k:k + 2]
+        ra, rb = a["optimised_reward"], b["optimised_reward"]
+        # no baseline: A = r; leave one out with G = 2: A_i = r_i - r_other
+        expected = (ra, rb) if baseline == "none" else (ra - rb, rb - ra)
+        assert (a["advantage"], b["advantage"]) == expected
+
+
+@pytest.mark.parametrize("options", [dict(objective="gspo"), dict(objective="cispo", clip_eps_high=0.28),
+                                     dict(reduction="constant"), dict(kl="k1"), dict(kl="k2"),
+                                     dict(clip_eps_high=0.28, reduction="token")],
+                         ids=["gspo", "cispo", "constant", "k1", "k2", "clip_higher"])
+def test_each_new_objective_setting_trains_and_moves_the_policy(tmp_path, start_file, options):
+    manifest, history, _ = run(tmp_path / "run", start_file, Variant(**options, **RANDOM))
+    assert manifest["updates"] == 4 and history[-1]["updates"][-1]["kl"] > 1e-6
+    assert all(0.0 <= u["clip_ratio/region_mean"] <= 1.0 for h in history for u in h["updates"])
+
+
+def test_dapo_refills_silent_groups_and_filters_overlong_responses(tmp_path, start_file):
+    """A random-init model answering in 5 tokens hits the limit: every response is overlong, so the
+    filter leaves nothing to learn from; the verifier's 0s make every group silent, so dynamic
+    sampling redraws its 3 rounds and keeps silent groups to fill the batch."""
+    variant = Variant(clip_eps_high=0.28, reduction="token", overlong_filter=True, dynamic_sampling=True)
+    manifest, history, rows = run(tmp_path / "dapo", start_file, variant)
+    P = SMALL.prompts_per_iteration
+    for h in history:
+        assert h["dynamic_sampling"] == {"rounds": 3, "prompts_drawn": 4 * P, "groups_with_signal": 0,
+                                         "silent_kept": P}
+        assert h["overlong_filtered"] == 2 * P and h["updates"] == []
+    assert len(rows) == 2 * P * 2  # the batch keeps P groups of G = 2 an iteration
+    assert any("-d" in r["rollout_id"] for r in rows) or all("-d" not in r["rollout_id"] for r in rows)
+
+
+def test_dynamic_sampling_keeps_groups_with_signal_first_in_drawn_order():
+    from labkit import variants
+
+    def redraw(tag):
+        return ["c3", "c4"], ["g3" + tag, "g4" + tag], torch.tensor([[0.0, 0.0], [0.0, 1.0]])
+
+    chosen, groups, optimised, account = variants.refill_silent_groups(
+        ["c1", "c2"], ["g1", "g2"], torch.tensor([[1.0, 1.0], [1.0, 0.0]]), 2, redraw)
+    assert chosen == ["c2", "c4"] and groups == ["g2", "g4-d1"]
+    assert optimised.tolist() == [[1.0, 0.0], [0.0, 1.0]]
+    assert account == {"rounds": 1, "prompts_drawn": 4, "groups_with_signal": 2, "silent_kept": 0}
+    chosen, _, _, account = variants.refill_silent_groups(
+        ["c1", "c2"], ["g1", "g2"], torch.zeros(2, 2), 2, lambda tag: (["x", "y"], ["gx", "gy"], torch.zeros(2, 2)))
+    assert chosen == ["c1", "c2"]  # the cap reached: the batch filled with the first silent groups drawn
+    assert account == {"rounds": 3, "prompts_drawn": 8, "groups_with_signal": 0, "silent_kept": 2}
