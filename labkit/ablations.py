@@ -59,7 +59,21 @@ CHANGES = {
     "sft": (6, "SFT on the solver's answers to the same prompts"),
     "sft_seed_2": (6, "SFT, training seed 2"),
     "sft_seed_3": (6, "SFT, training seed 3"),
+    "no_baseline": (3, "no baseline: A = r, the raw 0/1 reward (REINFORCE)"),
+    "rloo": (3, "leave-one-out baseline: A = r - mean of the other G - 1 (RLOO)"),
+    # the objectives of issue 43 (the appendix "The objectives people use now")
+    "clip_higher": (9, "clip-higher: ratio clipped to [0.8, 1.28] (DAPO's epsilons)"),
+    "token_mean": (9, "one token mean over the batch (DAPO's aggregation)"),
+    "dr_grpo": (9, "no std, sum over tokens / (B x 64) (Dr. GRPO)"),
+    "dapo": (9, "DAPO: clip-higher, token mean, overlong filtering, dynamic sampling"),
+    "gspo": (9, "GSPO: one ratio per response, clipped to [1 - 3e-4, 1 + 4e-4]"),
+    "cispo": (9, "CISPO: capped, detached weight min(rho, 1.28) on every token, token mean"),
+    "k1_beta_1": (9, "KL coefficient 1, k1 on the sampled tokens in the loss"),
+    "k2_beta_1": (9, "KL coefficient 1, k2 on the sampled tokens in the loss"),
+    "k3_beta_1": (9, "KL coefficient 1, k3 on the sampled tokens in the loss"),
 }
+# the KL-estimator runs' partner on the leash: the exact KL at the same coefficient
+KL_ESTIMATOR_PARTNER = "beta_1"
 SEEDS = {"grpo": ("grpo", "grpo_seed_2", "grpo_seed_3"), "rft": ("rft", "rft_seed_2", "rft_seed_3"),
          "sft": ("sft", "sft_seed_2", "sft_seed_3")}
 
@@ -92,7 +106,7 @@ class Run:
 
 @lru_cache(maxsize=None)
 def _history(folder: Path) -> list[dict]:
-    """The run's curves from the sweep's results file (results-ablations.json, written by
+    """The run's curves from the sweep's results file (results-ablations.json.gz, written by
     `sweep.collect_results` from each run's history.json): the runs' own history.json files are not
     committed, except the partner's, against which tests/test_ablations.py checks the copy."""
     curves = _results(folder.parent)["runs"]
@@ -105,12 +119,14 @@ def _history(folder: Path) -> list[dict]:
     return [{"iteration": i + 1, **{key: values[i] for key, values in columns.items()}} for i in range(length)]
 
 
-RESULTS_FILE = "results-ablations.json"
+RESULTS_FILE = "results-ablations.json.gz"
 
 
 @lru_cache(maxsize=None)
 def _results(root: Path) -> dict:
-    return read_json(root / RESULTS_FILE)
+    from .sweep import read_results
+
+    return read_results(root / RESULTS_FILE)
 
 
 @lru_cache(maxsize=None)
@@ -281,6 +297,38 @@ def gradient_study_results(preset: str = "tiny") -> dict:
     if sha256_file(folder / "results.json") != finished["results_sha256"]:
         raise ValueError(f"{folder / 'results.json'} does not match the digest in its FINISHED marker")
     return read_json(folder / "results.json")
+
+
+OBJECTIVE_RUNS = ("clip_higher", "token_mean", "dr_grpo", "dapo", "gspo", "cispo")  # against PARTNER
+KL_ESTIMATOR_RUNS = ("k1_beta_1", "k2_beta_1", "k3_beta_1")  # against KL_ESTIMATOR_PARTNER (the exact KL)
+
+
+def paired_rows(names: tuple[str, ...], partner: str, preset: str = "tiny") -> list[dict]:
+    """For each run of `names`, against `partner`: {"name", "changes", its `summary`, "difference" and
+    "p" (test per draw, paired permutation), "verdict" (the paired test in words), "p_is_bound"}."""
+    runs = load(preset, (partner, *names))
+    rows = []
+    for name in names:
+        c = compare(runs[partner], runs[name])["test_sample"]
+        rows.append({"name": name, "changes": CHANGES[name][1], **summary(runs[name]),
+                     "difference": c["mean_difference"], "p": c["p_permutation"], "verdict": c["verdict"],
+                     "p_is_bound": paired.at_floor(c["p_permutation"], c["p_permutation_method"])})
+    return rows
+
+
+def dynamic_sampling_account(run: Run) -> dict:
+    """What DAPO's switches did over a run, from its logged accounts (labkit.variants): the mean number of
+    extra draws an iteration, the prompts drawn beyond the batch's P, the iterations that hit the cap and
+    kept silent groups, and the responses the overlong filter took out of the loss."""
+    history = run.history()
+    if "dynamic_sampling" not in history[0]:
+        raise ValueError(f"run {run.name!r} did not use dynamic sampling")
+    accounts = [h["dynamic_sampling"] for h in history]
+    return {"iterations": len(accounts), "rounds_mean": _mean(a["rounds"] for a in accounts),
+            "extra_prompts": sum(a["prompts_drawn"] - run.prompts_per_iteration for a in accounts),
+            "capped_iterations": sum(a["silent_kept"] > 0 for a in accounts),
+            "silent_kept": sum(a["silent_kept"] for a in accounts),
+            "overlong_filtered": sum(h.get("overlong_filtered", 0) for h in history)}
 
 
 SCHEME_WORDS = {"none": "raw reward", "mean": "group mean", "mean_std": "mean and std",

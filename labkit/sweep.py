@@ -48,9 +48,37 @@ SAMPLERS = ("reference", "fast")
 
 
 def results_file(sweep_file: str | Path) -> str:
-    """Where a sweep file's results go, beside its runs: results.json for chapter 9's, else results-<stem>.json."""
+    """Where a sweep file's results go, beside its runs: results.json for chapter 9's, else
+    results-<stem>.json, or results-<stem>.json.gz when the file sets "compress_results" (the ablations,
+    whose 36 runs' curves and evaluations are 90% white space and repetition: gzip keeps the cache small)."""
     sweep_file = Path(sweep_file)
-    return RESULTS_FILE if sweep_file.resolve() == DEFAULT_FILE.resolve() else f"results-{sweep_file.stem}.json"
+    if sweep_file.resolve() == DEFAULT_FILE.resolve():
+        return RESULTS_FILE
+    return f"results-{sweep_file.stem}.json" + (".gz" if _read_file(sweep_file).get("compress_results") else "")
+
+
+def read_results(path: str | Path) -> dict:
+    """A sweep's results file, plain or gzipped (by its name)."""
+    path = Path(path)
+    if path.suffix != ".gz":
+        return read_json(path)
+    import gzip
+
+    try:
+        return json.loads(gzip.decompress(path.read_bytes()).decode("utf-8"))
+    except (OSError, EOFError, json.JSONDecodeError) as err:
+        raise ValueError(f"{path} is not a gzipped JSON file ({err}); rerun the sweep to rewrite it") from None
+
+
+def write_results(path: str | Path, results: dict) -> Path:
+    """Write a sweep's results, gzipped when the name ends in .gz (mtime 0: the same bytes every time)."""
+    if str(path).endswith(".gz"):
+        import gzip
+
+        from .runs import atomic_write_bytes, dumps_json
+
+        return atomic_write_bytes(path, gzip.compress(dumps_json(results).encode("utf-8"), compresslevel=9, mtime=0))
+    return write_json(path, results)
 
 
 def _read_file(path: Path) -> dict:
@@ -71,10 +99,12 @@ def _read_file(path: Path) -> dict:
     runs = spec.get("runs") if isinstance(spec, dict) else None
     if not isinstance(runs, list) or not runs:
         raise ValueError(f"{path}: expected a top-level 'runs' list of {{'name', 'options'}}")
-    unknown = sorted(set(spec) - {"runs", "config", "sampler", "shared_prompts", "folder", "about"})
+    unknown = sorted(set(spec) - {"runs", "config", "sampler", "shared_prompts", "folder", "about", "compress_results"})
     if unknown:
         raise ValueError(f"{path}: unknown top-level key(s) {unknown}; expected 'runs' and optionally 'config', "
-                         "'sampler', 'shared_prompts', 'folder' and 'about'")
+                         "'sampler', 'shared_prompts', 'folder', 'compress_results' and 'about'")
+    if not isinstance(spec.get("compress_results", False), bool):
+        raise ValueError(f"{path}: compress_results {spec['compress_results']!r}: expected true or false")
     folder = spec.get("folder", "")
     if not isinstance(folder, str) or not all(c.isalnum() or c in "_-" for c in folder):
         raise ValueError(f"{path}: folder {folder!r}: expected a name of letters, digits, '_' or '-'")
@@ -378,6 +408,10 @@ def collect_results(specs: list[dict], out: str | Path | None = None) -> dict:
                        ("reward", "optimised_reward", "frac_reward_zero_std", "optimised/frac_reward_zero_std",
                         "entropy", "completions/mean_length", "kl", "clip_ratio/region_mean", "valid_json")},
         }
+        # what DAPO's switches did, where a run used them (labkit.variants: dynamic sampling, overlong filtering)
+        for key in ("dynamic_sampling", "overlong_filtered"):
+            if key in history[0]:
+                results["runs"][spec["name"]]["curves"][key] = [h[key] for h in history]
     if out is not None:
-        write_json(out, results)
+        write_results(out, results)
     return results

@@ -64,6 +64,14 @@ EXPECTED_DIFFERENCES = {
     "grpo_seed_2": {"config.seed"}, "grpo_seed_3": {"config.seed"},
     "rft": {"options.objective", "options.kl"}, "sft": {"options.objective", "options.kl"},
     **{f"{m}_seed_{k}": {"options.objective", "options.kl", "config.seed"} for m in ("rft", "sft") for k in (2, 3)},
+    "no_baseline": {"options.baseline", "options.scale_by_std"},
+    "rloo": {"options.baseline", "options.scale_by_std"},
+    "clip_higher": {"options.clip_eps_high"}, "token_mean": {"options.reduction"},
+    "dr_grpo": {"options.scale_by_std", "options.reduction"},
+    "dapo": {"options.clip_eps_high", "options.reduction", "options.overlong_filter", "options.dynamic_sampling"},
+    "gspo": {"options.objective"},
+    "cispo": {"options.objective", "options.clip_eps_high", "options.reduction"},
+    **{f"{k}_beta_1": {"options.kl", "config.kl_coef"} for k in ("k1", "k2", "k3")},
 }
 
 
@@ -78,12 +86,13 @@ def test_every_run_differs_from_its_partner_only_in_the_piece_it_names():
 def test_the_committed_ablation_runs_are_complete_for_this_code():
     """`python -m labkit sweep sweeps/ablations.json` would train nothing; the results file lists every run."""
     runs = ablations.load()  # raises, naming the run, when one is not built under its current fingerprint
-    results = json.loads((sweep.sweep_root(ablations.SWEEP_FILE, "tiny") / "results-ablations.json").read_text())
+    results = sweep.read_results(sweep.sweep_root(ablations.SWEEP_FILE, "tiny") / sweep.results_file(ablations.SWEEP_FILE))
+    assert sweep.results_file(ablations.SWEEP_FILE) == "results-ablations.json.gz"  # the file asks for gzip
     assert {n: results["runs"][n]["folder"] for n in results["runs"]} == {n: r.folder.name for n, r in runs.items()}
 
 
 def test_a_summary_is_its_runs_own_files_recomputed():
-    """The curves the chapters read (results-ablations.json) are the loop's own log, value for value, for
+    """The curves the chapters read (results-ablations.json.gz) are the loop's own log, value for value, for
     the run whose history.json is committed (the partner); the summary is recomputed from them."""
     run = ablations.load(names=(ablations.PARTNER,))[ablations.PARTNER]
     history = json.loads((run.folder / "history.json").read_text())

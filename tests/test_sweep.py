@@ -208,3 +208,23 @@ def test_earlier_fingerprints_of_a_run_are_moved_aside_and_others_kept(tmp_path,
     assert sorted(p.name for p in root.iterdir()) == ["grpo-111111111111", "grpo_long-222222222222",
                                                       "other-333333333333"]
     assert (tmp_path / "runs" / "tiny" / "stale" / "sweep" / "grpo-000000000000").is_dir()
+
+
+def test_a_sweep_file_may_ask_for_gzipped_results(tmp_path):
+    plain = tmp_path / "plain.json"
+    packed = tmp_path / "packed.json"
+    plain.write_text('{"runs": [{"name": "a", "options": {}}]}')
+    packed.write_text('{"compress_results": true, "runs": [{"name": "a", "options": {}}]}')
+    assert (sweep.results_file(plain), sweep.results_file(packed)) == ("results-plain.json", "results-packed.json.gz")
+    results = {"format": "labkit sweep results v1", "runs": {"a": {"curves": {"kl": [0.0, 0.5]}}}}
+    for name in ("r.json", "r.json.gz"):
+        path = sweep.write_results(tmp_path / name, results)
+        assert sweep.read_results(path) == results
+    first = (tmp_path / "r.json.gz").read_bytes()
+    assert sweep.write_results(tmp_path / "r.json.gz", results).read_bytes() == first  # the same bytes every time
+    (tmp_path / "bad.json.gz").write_bytes(b"not gzip")
+    with pytest.raises(ValueError, match="bad.json.gz is not a gzipped JSON file"):
+        sweep.read_results(tmp_path / "bad.json.gz")
+    (tmp_path / "odd.json").write_text('{"compress_results": "yes", "runs": [{"name": "a", "options": {}}]}')
+    with pytest.raises(ValueError, match="compress_results 'yes': expected true or false"):
+        sweep.results_file(tmp_path / "odd.json")

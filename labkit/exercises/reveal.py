@@ -49,10 +49,16 @@ def reveal_baseline(prediction, preset: str = "tiny") -> dict:
     cases = study["identity"]["cases"]
     sure, unsure = cases[0], cases[-1]
     at = sure["sizes"].index(16)
-    runs = ablations.load(preset, (ablations.PARTNER, "mean_only"))
-    c = ablations.compare(runs[ablations.PARTNER], runs["mean_only"], names=("GRPO", "mean only"))
-    print(f"Training, {c['test_sample']['n_problems']} test problems x 4 draws: A = r - mean against GRPO's "
-          f"(r - mean)/std: {c['test_sample']['verdict']}.")
+    trained = ablations.paired_rows(BASELINE_RUNS, ablations.PARTNER, preset)
+    partner = ablations.summary(ablations.load(preset, (ablations.PARTNER,))[ablations.PARTNER])
+    print(f"Trained from the warm start at the ablation budget, paired with GRPO on the test (points, p):")
+    print(f"  {'GRPO (mean and std)':<24} {partner['test_per_draw']:6.1%}   {'':>18}   KL end {partner['kl_end']:.4f}"
+          f"   entropy end {partner['entropy_end']:.3f}")
+    for r in trained:
+        p = ("<=" if r["p_is_bound"] else "") + f"{r['p']:.2g}"
+        print(f"  {BASELINE_RUNS[r['name']]:<24} {r['test_per_draw']:6.1%}   {100 * r['difference']:+6.1f} (p {p:>6})   "
+              f"KL end {r['kl_end']:.4f}   entropy end {r['entropy_end']:.3f}")
+    separable = [BASELINE_RUNS[r["name"]] for r in trained if r["p"] < paired.ALPHA]
     choices = tuple(ablations.SCHEME_WORDS.values())
     return check_prediction(prediction, ablations.SCHEME_WORDS[best], choices=choices, why=(
         f"a baseline only helps where it makes the terms smaller.  A wrong answer's tokens were sampled at low "
@@ -62,7 +68,19 @@ def reveal_baseline(prediction, preset: str = "tiny") -> dict:
         f"{sure['leave_one_out']['rms_error'][at]:.4f} with leave-one-out; where it is unsure (p = "
         f"{unsure['p_right']:.2f}), {unsure['none']['rms_error'][at]:.4f} against "
         f"{unsure['leave_one_out']['rms_error'][at]:.4f}.  What GRPO's baseline buys is a loss whose winners and "
-        f"losers balance, not a quieter gradient at this start."))
+        f"losers balance, not a quieter gradient at this start.  In training, "
+        + (f"{' and '.join(separable)} separated from GRPO." if separable else
+           f"no advantage separated from GRPO at this budget (smallest p = {min(r['p'] for r in trained):.2g}): "
+           f"the policy moves too little in {partner_iterations(preset)} iterations for a difference in the "
+           f"gradient's noise to show in its success.")))
+
+
+BASELINE_RUNS = {"mean_only": "group mean (Dr. GRPO)", "rloo": "leave-one-out (RLOO)",
+                 "no_baseline": "raw reward (REINFORCE)"}
+
+
+def partner_iterations(preset: str = "tiny") -> int:
+    return ablations.load(preset, (ablations.PARTNER,))[ablations.PARTNER].iterations
 
 
 CLIP_CHOICES = ("better", "worse", "not separable")
