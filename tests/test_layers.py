@@ -16,7 +16,7 @@ import labkit
 LABKIT = Path(labkit.__file__).parent
 FLOORS = (
     ("records", ("runs", "cache", "state", "runtime", "memory")),
-    ("task", ("task", "data", "verifier", "tokenizer", "config")),
+    ("task", ("task", "data", "verifier", "tokenizer", "config", "worked")),
     ("maths", ("losses", "objectives", "schedule", "variants", "metrics", "adam_step")),
     ("model", ("models", "scoring", "shared_prompt", "sampling", "static_sampler", "resume")),
     ("evaluation", ("evaluate", "paired", "agreement", "difficulty", "baselines", "checkpoint_curves")),
