@@ -16,8 +16,8 @@ import labkit
 LABKIT = Path(labkit.__file__).parent
 FLOORS = (
     ("records", ("runs", "cache", "state", "runtime", "memory")),
-    ("task", ("task", "data", "verifier", "tokenizer", "config")),
-    ("maths", ("losses", "objectives", "schedule", "variants", "metrics")),
+    ("task", ("task", "data", "verifier", "tokenizer", "config", "worked")),
+    ("maths", ("losses", "objectives", "schedule", "variants", "metrics", "adam_step")),
     ("model", ("models", "scoring", "shared_prompt", "sampling", "static_sampler", "resume")),
     ("evaluation", ("evaluate", "paired", "agreement", "difficulty", "baselines", "checkpoint_curves")),
     ("learning", ("corpus", "answer_phase", "pretrain", "format_base", "sft", "grpo")),
