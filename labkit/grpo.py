@@ -198,22 +198,27 @@ def reference_scores(reference, batch: scoring.Batch, score=None) -> tuple[torch
 def objective_loss(logp_cur: torch.Tensor, logits_cur: torch.Tensor, reference: tuple[torch.Tensor, torch.Tensor],
                    mask: torch.Tensor, old_logprobs: torch.Tensor | None, advantages: torch.Tensor | None,
                    group_size: int, config: PresetConfig, resolved: Resolved,
-                   reduction: str = "sequence") -> tuple[torch.Tensor, dict]:
+                   reduction: str = "sequence", measure_mask: torch.Tensor | None = None) -> tuple[torch.Tensor, dict]:
     """Loss = the objective's term + kl_coef x its KL term (both from `resolved`, a looked-up variant).
 
     The protocol's term is the clipped surrogate on group advantages, reduced token -> response ->
     prompt; RFT's and SFT's is the rows' mean negative log-likelihood, all rows one group.  The
-    logged `kl` is always the exact per-prefix KL (`labkit.variants`, the KL table).
+    logged `kl`, `kl_k3` and `entropy` are always the protocol's measures, a sequence mean over
+    `measure_mask` (default: `mask`; the loop passes every response token, so that a filter on the
+    loss does not change what is measured), whatever the loss's reduction (`labkit.variants`).
     Shapes as `grpo_loss`'s.  Returns (loss, metrics).
     """
     groups = group_size if resolved.objective.grouped else None
     term, term_stats = resolved.objective.term(logp_cur, old_logprobs, advantages, mask, groups, reduction,
                                                resolved.clip(config))
     reduce = lambda values: losses.reduce(values, mask, groups, reduction, config.max_response_tokens)  # noqa: E731
-    penalty, exact, k3 = resolved.kl_term((logp_cur, logits_cur), reference, reduce, config.kl_block_size)
+    measured = mask if measure_mask is None else measure_mask
+    measure = (reduce if reduction == "sequence" and measured is mask
+               else lambda values: losses.reduce(values, measured, groups, "sequence"))  # noqa: E731
+    penalty, exact, k3 = resolved.kl_term((logp_cur, logits_cur), reference, reduce, measure, config.kl_block_size)
     loss = term + config.kl_coef * penalty
     with torch.no_grad():
-        entropy = reduce(losses.token_entropy(logits_cur.detach()))
+        entropy = measure(losses.token_entropy(logits_cur.detach()))
     metrics = {"loss": float(loss.detach()), "surrogate": float(term.detach()), "kl": float(exact.detach()),
                "kl_k3": float(k3.detach()), "entropy": float(entropy), **term_stats}
     return loss, metrics
@@ -259,7 +264,8 @@ def grpo_update(model, optimizer, batch: scoring.Batch, old_logprobs: torch.Tens
     to_device = lambda t: None if t is None else t.to(device)  # noqa: E731  (RFT and SFT have neither)
     loss, metrics = objective_loss(logp_cur, logits_cur, reference, mask, to_device(old_logprobs),
                                    to_device(advantages), group_size, config, resolved or resolve(variant),
-                                   variant.reduction)
+                                   variant.reduction,
+                                   measure_mask=None if loss_mask is None else batch.response_mask.to(device))
     grad_norm = clipped_step(optimizer, loss, lr, config.grad_clip)
     return {**metrics, "grad_norm": grad_norm, "learning_rate": lr}
 

@@ -440,7 +440,7 @@ def token_entropy(logits: torch.Tensor, block_size: int = 4096) -> torch.Tensor:
 
 
 # ----------------------------------------------------------------------------
-# 5. KL estimators on sampled tokens (for comparison; not what the lab optimises)
+# 5. KL estimators on sampled tokens (logged beside the exact KL; a variant may put one in the loss)
 # ----------------------------------------------------------------------------
 
 

@@ -214,46 +214,48 @@ REWARD_TABLE = {
     "learned": Reward(learned_reward, needs_learned_verifier=True),
 }
 
-# KL terms.  Each takes the current policy's (logp (B, R), logits (B, R, V)), the reference's, a
-# `reduce(values (B, R)) -> 0-d` and the exact KL's block size, and returns (penalty, exact, k3):
-# the term the loss optimises and the two logged measures (0-d each).  The logged `kl` is always
-# the exact per-prefix KL, without gradient when it is not the one optimised, so that runs with
-# different penalties are compared on the same measure.
+# KL terms.  Each takes the current policy's (logp (B, R), logits (B, R, V)), the reference's,
+# `reduce(values (B, R)) -> 0-d` (the loss's reduction, the variant's), `measure(values) -> 0-d` (the
+# protocol's sequence mean over every response token, the same for every run) and the exact KL's block
+# size, and returns (penalty, exact, k3): the term the loss optimises, reduced as the loss is, and the
+# two logged measures.  The logged `kl` is always the exact per-prefix KL under `measure`, without
+# gradient when it is not the one optimised, so that runs with different penalties and different
+# reductions are compared on the same measure.
 
 
-def exact_kl_term(current, reference, reduce, block_size: int):
+def exact_kl_term(current, reference, reduce, measure, block_size: int):
     """The exact per-prefix KL(current || reference) over the vocabulary (the protocol)."""
     with torch.no_grad():
-        k3 = reduce(losses.kl_estimators(current[0].detach(), reference[0])["k3"])
-    exact = reduce(losses.exact_prefix_kl(current[1], reference[1], block_size=block_size))
-    return exact, exact, k3
-
-
-def k3_kl_term(current, reference, reduce, block_size: int):
-    """The k3 estimator on the sampled tokens (DeepSeekMath, TRL)."""
-    k3 = reduce(losses.kl_estimators(current[0], reference[0])["k3"])
+        k3 = measure(losses.kl_estimators(current[0].detach(), reference[0])["k3"])
+    values = losses.exact_prefix_kl(current[1], reference[1], block_size=block_size)
+    penalty = reduce(values)
     with torch.no_grad():
-        exact = reduce(losses.exact_prefix_kl(current[1].detach(), reference[1], block_size=block_size))
-    return k3, exact, k3
+        exact = penalty.detach() if reduce is measure else measure(values.detach())
+    return penalty, exact, k3
 
 
 def estimator_kl_term(name: str) -> Callable:
-    """The KL term that puts estimator `name` ("k1" or "k2") of `losses.kl_estimators` in the loss."""
-    def term(current, reference, reduce, block_size: int):
-        estimate = reduce(losses.kl_estimators(current[0], reference[0])[name])
+    """The KL term that puts estimator `name` ("k1", "k2" or "k3") of `losses.kl_estimators` in the loss."""
+    def term(current, reference, reduce, measure, block_size: int):
+        values = losses.kl_estimators(current[0], reference[0])
+        estimate = reduce(values[name])
         with torch.no_grad():
-            k3 = reduce(losses.kl_estimators(current[0].detach(), reference[0])["k3"])
-            exact = reduce(losses.exact_prefix_kl(current[1].detach(), reference[1], block_size=block_size))
+            k3 = measure(values["k3"].detach())
+            exact = measure(losses.exact_prefix_kl(current[1].detach(), reference[1], block_size=block_size))
         return estimate, exact, k3
-    term.__doc__ = f"The {name} estimator on the sampled tokens, in the loss as it is."
+    term.__doc__ = f"The {name} estimator on the sampled tokens, in the loss as it is" + (
+        " (DeepSeekMath, TRL)." if name == "k3" else ".")
     return term
 
 
-def no_kl_term(current, reference, reduce, block_size: int):
+k3_kl_term = estimator_kl_term("k3")
+
+
+def no_kl_term(current, reference, reduce, measure, block_size: int):
     """No penalty; both measures are still logged."""
     with torch.no_grad():
-        k3 = reduce(losses.kl_estimators(current[0].detach(), reference[0])["k3"])
-        exact = reduce(losses.exact_prefix_kl(current[1].detach(), reference[1], block_size=block_size))
+        k3 = measure(losses.kl_estimators(current[0].detach(), reference[0])["k3"])
+        exact = measure(losses.exact_prefix_kl(current[1].detach(), reference[1], block_size=block_size))
     return torch.zeros((), device=current[0].device), exact, k3
 
 

@@ -70,7 +70,7 @@ def test_each_kl_term_logs_the_same_two_measures_and_optimises_its_own(kl):
     logp_ref = torch.log_softmax(logits_ref, -1).gather(-1, tokens[..., None])[..., 0]
     mask = torch.ones(2, 3, dtype=torch.bool)
     reduce = lambda v: variants.losses.reduce(v, mask, None, "sequence")  # noqa: E731
-    penalty, exact, k3 = variants.KL_TABLE[kl]((logp_cur, logits_cur), (logp_ref, logits_ref), reduce, 4096)
+    penalty, exact, k3 = variants.KL_TABLE[kl]((logp_cur, logits_cur), (logp_ref, logits_ref), reduce, reduce, 4096)
     p, q = torch.softmax(logits_cur.detach(), -1), torch.softmax(logits_ref, -1)
     expected_exact = (p * (p.log() - q.log())).sum(-1).mean()  # every row has 3 tokens: the mean of 6 prefixes
     log_r = (logp_ref - logp_cur).detach()
@@ -84,8 +84,8 @@ def test_each_kl_term_logs_the_same_two_measures_and_optimises_its_own(kl):
     optimised = {"exact": exact, "k3": k3, "none": None}[kl]
     if optimised is None:
         assert float(penalty.detach()) == 0.0 and not penalty.requires_grad
-    else:
-        assert penalty is optimised and penalty.requires_grad
+    else:  # the penalty is the logged measure itself (same reduction here), with its gradient
+        assert float(penalty.detach()) == float(optimised) and penalty.requires_grad
 
 
 def test_resolve_adds_the_length_penalty_only_when_asked():
@@ -112,3 +112,25 @@ def test_a_learned_reward_needs_its_verifier_passed_in_and_only_it_takes_one():
     loop = grpo.new_loop(TINY, 2, 1, model, reference, tokenizer, "digest",
                          variant=Variant(reward="random", random_reward_p=0.5), **start)
     assert loop.reward_generator is not None and "reward" in loop.generators  # saved in every state
+
+
+@pytest.mark.parametrize("kl", variants.KLS)
+def test_the_logged_measures_ignore_the_losss_reduction(kl):
+    """A constant reduction scales the penalty by the responses' lengths / 64; the logged exact KL and k3
+    stay the protocol's sequence means, so that runs with any reduction are compared on one measure."""
+    g = torch.Generator().manual_seed(1)
+    logits_cur = torch.randn(2, 3, 5, generator=g, dtype=torch.float64, requires_grad=True)
+    logits_ref = torch.randn(2, 3, 5, generator=g, dtype=torch.float64)
+    tokens = torch.tensor([[0, 1, 2], [3, 4, 0]])
+    logp_cur = torch.log_softmax(logits_cur, -1).gather(-1, tokens[..., None])[..., 0]
+    logp_ref = torch.log_softmax(logits_ref, -1).gather(-1, tokens[..., None])[..., 0]
+    mask = torch.tensor([[1, 1, 1], [1, 0, 0]], dtype=torch.bool)  # lengths 3 and 1
+    sequence = lambda v: variants.losses.reduce(v, mask, None, "sequence")  # noqa: E731
+    constant = lambda v: variants.losses.reduce(v, mask, None, "constant", 8)  # noqa: E731
+    args = ((logp_cur, logits_cur), (logp_ref, logits_ref))
+    base_penalty, base_exact, base_k3 = variants.KL_TABLE[kl](*args, sequence, sequence, 4096)
+    penalty, exact, k3 = variants.KL_TABLE[kl](*args, constant, sequence, 4096)
+    assert float(exact) == float(base_exact) and float(k3) == float(base_k3)
+    if kl == "exact":  # the penalty is the constant reduction of the same per-prefix values
+        values = variants.losses.exact_prefix_kl(logits_cur.detach(), logits_ref, 4096)
+        assert float(penalty.detach()) == pytest.approx(float(values[mask].sum()) / (2 * 8), rel=1e-12)
