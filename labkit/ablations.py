@@ -304,13 +304,15 @@ KL_ESTIMATOR_RUNS = ("k1_beta_1", "k2_beta_1", "k3_beta_1")  # against KL_ESTIMA
 
 
 def paired_rows(names: tuple[str, ...], partner: str, preset: str = "tiny") -> list[dict]:
-    """For each run of `names`, against `partner`: {"name", "changes", its `summary`, "difference" and
+    """For each run of `names`, against `partner`: {"name", "changes", its `summary`, "train_seconds" (its
+    manifest's: the training's wall time on the machine that built it), "difference" and
     "p" (test per draw, paired permutation), "verdict" (the paired test in words), "p_is_bound"}."""
     runs = load(preset, (partner, *names))
     rows = []
     for name in names:
         c = compare(runs[partner], runs[name])["test_sample"]
         rows.append({"name": name, "changes": CHANGES[name][1], **summary(runs[name]),
+                     "train_seconds": read_json(runs[name].folder / "manifest.json")["seconds"],
                      "difference": c["mean_difference"], "p": c["p_permutation"], "verdict": c["verdict"],
                      "p_is_bound": paired.at_floor(c["p_permutation"], c["p_permutation_method"])})
     return rows
