@@ -209,6 +209,24 @@ def verdict(p: float, alpha: float = ALPHA, what: str = "p", direction: str = ""
     return f"not separable ({format_p(p, what, at_most)})"
 
 
+def holm(pvalues: list[float]) -> list[float]:
+    """Holm's step-down adjustment of a family of m p-values (Holm 1979), in the order given.
+
+        sort ascending p_(1) <= ... <= p_(m);  adj_(i) = max over j <= i of min(1, (m - j + 1) p_(j))
+
+    A hypothesis is rejected at level alpha when its adjusted p is below alpha; the chance of rejecting
+    any true one in the family stays below alpha, whatever their dependence."""
+    if not pvalues or any(not 0.0 <= p <= 1.0 for p in pvalues):
+        raise ValueError(f"holm needs p-values in [0, 1], got {pvalues!r}")
+    m = len(pvalues)
+    order = sorted(range(m), key=lambda i: pvalues[i])
+    adjusted, running = [0.0] * m, 0.0
+    for rank, i in enumerate(order):
+        running = max(running, min(1.0, (m - rank) * pvalues[i]))
+        adjusted[i] = running
+    return adjusted
+
+
 def at_floor(p: float, method: str) -> bool:
     """Is `p` the smallest p-value a Monte-Carlo permutation test can give (no flip as extreme)?
     scipy's two-sided Monte-Carlo p is at least 2 / (PERMUTATION_RESAMPLES + 1); the true p may be smaller."""

@@ -327,3 +327,16 @@ def test_a_monte_carlo_p_at_its_floor_is_reported_as_a_bound():
     # 40 problems all one draw better: no sign flip is as extreme as the observed sum
     result = paired.compare_counts([0] * 40, [1] * 40, 4)
     assert result["p_permutation_method"] != "exact" and "paired permutation p <= 1.0e-4" in result["verdict"]
+
+
+def test_holms_adjustment_by_hand():
+    from labkit import paired
+
+    # m = 4, sorted 0.01, 0.02, 0.03, 0.5: 4 x 0.01 = 0.04; 3 x 0.02 = 0.06; 2 x 0.03 = 0.06; 1 x 0.5 = 0.5
+    assert paired.holm([0.03, 0.5, 0.01, 0.02]) == pytest.approx([0.06, 0.5, 0.04, 0.06], abs=1e-15)
+    # 2 x 0.04 = 0.08, then 1 x 0.045 = 0.045, raised to 0.08: a larger p never adjusts below a smaller one
+    assert paired.holm([0.04, 0.045]) == pytest.approx([0.08, 0.08], abs=1e-15)
+    assert paired.holm([0.9, 0.8]) == [1.0, 1.0]
+    assert paired.holm([0.4]) == [0.4] and paired.holm([0.5, 0.5, 0.5]) == [1.0, 1.0, 1.0]
+    with pytest.raises(ValueError, match=r"holm needs p-values in \[0, 1\]"):
+        paired.holm([1.5])
