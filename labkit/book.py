@@ -120,11 +120,26 @@ def book_pages(html_dir: str | Path) -> list[str]:
                   if p.relative_to(root).parts[0] not in ("_static", "_sources", "_images"))
 
 
+def coalesce_streams(outputs: list) -> list:
+    """Consecutive outputs of one stream (stdout, stderr) merged into one: how a kernel chunks a cell's
+    prints depends on timing (a loaded machine splits them more), so the stored notebook would change
+    from run to run without this; nbval compares them merged too."""
+    merged = []
+    for out in outputs:
+        if (out.get("output_type") == "stream" and merged and merged[-1].get("output_type") == "stream"
+                and merged[-1].get("name") == out.get("name")):
+            merged[-1]["text"] = merged[-1]["text"] + out["text"]
+        else:
+            merged.append(out)
+    return merged
+
+
 def execute_notebook(path: str | Path, timeout: int = 600) -> float:
     """Run a notebook top to bottom in a fresh kernel (cwd: its folder) and store its outputs; returns seconds.
 
-    Execution timestamps are not stored, so a re-run changes a notebook only where
-    its outputs changed.  A cell that raises stops the run and nothing is written.
+    Execution timestamps are not stored and a stream's chunks are merged (`coalesce_streams`), so a
+    re-run changes a notebook only where its outputs changed.  A cell that raises stops the run and
+    nothing is written.
     """
     import time
 
@@ -139,6 +154,8 @@ def execute_notebook(path: str | Path, timeout: int = 600) -> float:
                    resources={"metadata": {"path": str(path.parent)}}).execute()
     for cell in nb.cells:
         cell.metadata.pop("execution", None)
+        if cell.cell_type == "code":
+            cell.outputs = coalesce_streams(cell.outputs)
     text = nbformat.writes(nb)
     atomic_write_text(path, text if text.endswith("\n") else text + "\n")
     return time.perf_counter() - started

@@ -146,3 +146,17 @@ def test_the_glossary_names_the_code_as_it_is():
     assert len(functions) >= 5
     for module, name in functions:
         assert hasattr({"evaluate": labkit.evaluate, "verifier": labkit.verifier}.get(module, labkit.losses), name), name
+
+
+def test_a_streams_chunks_are_stored_merged():
+    from labkit.book import coalesce_streams
+
+    outs = [{"output_type": "stream", "name": "stdout", "text": "a\n"},
+            {"output_type": "stream", "name": "stdout", "text": "b\n"},
+            {"output_type": "stream", "name": "stderr", "text": "warn\n"},
+            {"output_type": "display_data", "data": {"text/plain": "fig"}, "metadata": {}},
+            {"output_type": "stream", "name": "stdout", "text": "c\n"},
+            {"output_type": "stream", "name": "stdout", "text": "d"}]
+    assert coalesce_streams(outs) == [{"output_type": "stream", "name": "stdout", "text": "a\nb\n"},
+                                      {"output_type": "stream", "name": "stderr", "text": "warn\n"},
+                                      outs[3], {"output_type": "stream", "name": "stdout", "text": "c\nd"}]
