@@ -45,7 +45,9 @@ from .task import ID_MAX, OOD_MAX, TARGET_MAX, Problem
 
 WORKED_INSTRUCTION = ('Work it out step by step, one movement per line as "a + b = c" or "a - b = c", '
                       'then end with only a JSON object of the form {"final_stock": <integer>}.')
-WORKED_MAX_RESPONSE_TOKENS = 96  # the sampler's limit for a worked answer (the protocol's: 64)
+# The sampler's limit for a worked answer: for now the samplers' own cap (`sampling.MAX_NEW_TOKENS`, the
+# protocol's 64), which four movements' working fits; eight need the cap raised (issue 41, next step).
+WORKED_MAX_RESPONSE_TOKENS = 64
 MAX_WORKING_CHARS = 400  # eight steps of "100 + 100 = 200" and their line breaks fit eight times over
 MAX_MOVEMENTS = 8
 
