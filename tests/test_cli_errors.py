@@ -88,7 +88,7 @@ SWEEP_FILES = [
     ("string.json", b'{"runs": [{"name": "a", "options": "kl=none"}]}',
      r"string\.json: run 0 \(a\) options 'kl=none': expected an object"),
     ("kl.json", b'{"runs": [{"name": "a", "options": {"kl": "exactly"}}]}',
-     r"kl\.json: run 0 \(a\): variant kl='exactly': expected one of \('exact', 'k3', 'none'\)"),
+     r"kl\.json: run 0 \(a\): variant kl='exactly': expected one of \('exact', 'k1', 'k2', 'k3', 'none'\)"),
     ("typed.json", b'{"runs": [{"name": "a", "options": {"updates_per_iteration": true}}]}',
      r"typed\.json: run 0 \(a\): variant updates_per_iteration=True: a positive integer"),
     ("big.json", b'{"runs": [{"name": "a", "options": {"length_penalty": "big"}}]}',
