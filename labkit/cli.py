@@ -303,7 +303,7 @@ def cmd_smoke(args: argparse.Namespace) -> int:
 
 
 def cmd_sweep(args: argparse.Namespace) -> int:
-    """Train and evaluate the sweep's missing runs; then write runs/<preset>/sweep/results.json."""
+    """Train and evaluate the sweep's missing runs; then write their results file (`sweep.results_file`)."""
     import time
 
     from . import sweep

@@ -24,7 +24,8 @@ use all three.  For each run:
 Workers: `concurrent.futures.ProcessPoolExecutor` on this machine, or a Dask distributed
 scheduler at ADDRESS (`dask-scheduler` and `dask-worker` started elsewhere), whose workers see the
 same repository at the same path.  Results (scoring phase): runs/<preset>/sweep/results.json for
-the default file (chapter 9), results-<file name>.json for another.
+the default file (chapter 9), results-<file name>.json for another, gzipped (".gz") when the file sets
+"compress_results" (`results_file`, `load_results`).
 """
 
 from __future__ import annotations
@@ -49,12 +50,16 @@ SAMPLERS = ("reference", "fast")
 
 def results_file(sweep_file: str | Path) -> str:
     """Where a sweep file's results go, beside its runs: results.json for chapter 9's, else
-    results-<stem>.json, or results-<stem>.json.gz when the file sets "compress_results" (the ablations,
-    whose 36 runs' curves and evaluations are 90% white space and repetition: gzip keeps the cache small)."""
+    results-<stem>.json; with ".gz" when the file sets "compress_results" (every committed sweep does:
+    their curves and evaluations are mostly white space and repetition, and gzip keeps the cache small)."""
     sweep_file = Path(sweep_file)
-    if sweep_file.resolve() == DEFAULT_FILE.resolve():
-        return RESULTS_FILE
-    return f"results-{sweep_file.stem}.json" + (".gz" if _read_file(sweep_file).get("compress_results") else "")
+    name = RESULTS_FILE if sweep_file.resolve() == DEFAULT_FILE.resolve() else f"results-{sweep_file.stem}.json"
+    return name + (".gz" if _read_file(sweep_file).get("compress_results") else "")
+
+
+def load_results(sweep_file: str | Path = DEFAULT_FILE, preset: str = "tiny") -> dict:
+    """A sweep file's results (the scoring phase's evaluations and curves), from beside its runs."""
+    return read_results(sweep_root(sweep_file, preset) / results_file(sweep_file))
 
 
 def read_results(path: str | Path) -> dict:

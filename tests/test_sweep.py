@@ -139,7 +139,7 @@ def test_the_committed_sweep_is_complete_for_this_code():
     specs = sweep.plan("tiny", sweep.load_runs(sweep.DEFAULT_FILE))
     due = [s["name"] for s in specs if not sweep._done(s)]
     assert due == [], f"sweep runs {due} are not built for this code; rebuild with `make cache`"
-    results = read_json(sweep.REPO_ROOT / "runs" / "tiny" / "sweep" / sweep.RESULTS_FILE)
+    results = sweep.load_results()
     assert sorted(results["runs"]) == sorted(s["name"] for s in specs)
     assert {results["runs"][s["name"]]["folder"] for s in specs} == {s["folder"].rsplit("/", 1)[1] for s in specs}
 
@@ -156,7 +156,7 @@ def test_a_run_may_start_from_another_finished_step(tmp_path):
     assert [Path(s["start_file"]).parent.name for s in specs] == ["warm_start", "base"]
     assert [s["start"] for s in specs] == ["warm_start", "base"]
     assert specs[0]["folder"].rsplit("-", 1)[1] != specs[1]["folder"].rsplit("-", 1)[1]  # the start makes the run
-    assert sweep.results_file(path) == "results-sweep.json" and sweep.results_file(sweep.DEFAULT_FILE) == "results.json"
+    assert sweep.results_file(path) == "results-sweep.json" and sweep.results_file(sweep.DEFAULT_FILE) == "results.json.gz"
 
 
 def test_a_learned_reward_run_is_named_by_its_reward_model():
@@ -177,7 +177,7 @@ def test_the_committed_chapter10_sweep_is_complete_and_rescored_exactly():
     specs = sweep.plan("tiny", sweep.load_runs(CHAPTER10), starts=sweep.load_starts(CHAPTER10))
     due = [s["name"] for s in specs if not sweep._done(s)]
     assert due == [], f"sweep runs {due} are not built for this code; rebuild with `make cache`"
-    results = read_json(sweep.REPO_ROOT / "runs" / "tiny" / "sweep" / "results-chapter10.json")
+    results = sweep.load_results(CHAPTER10)
     assert sorted(results["runs"]) == sorted(s["name"] for s in specs)
     problems = {p["id"]: p["problem"] for p in grpo.load_pool()}
     for spec in specs:
