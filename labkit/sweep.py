@@ -401,22 +401,28 @@ def collect_results(specs: list[dict], out: str | Path | None = None) -> dict:
 
     labels = evaluate.load_test_labels(phase=evaluate.SCORING_PHASE)
     results = {"format": "labkit sweep results v1", "runs": {}}
+    # A run whose history.json is not kept (the ablations commit only their partner's) keeps the curves
+    # the committed results file already holds for that very folder; nothing else is ever reused.
+    earlier = read_results(out)["runs"] if out is not None and Path(out).is_file() else {}
     for spec in specs:
         folder = Path(spec["folder"])
-        history = read_json(folder / "history.json")
-        results["runs"][spec["name"]] = {
-            "folder": folder.name,
-            "options": spec["options"],
-            "start": spec.get("start", "warm_start"),
-            "evaluation": evaluate.score_policy(folder / "evaluation" / "grpo", labels),
-            "curves": {key: [h[key] for h in history] for key in
-                       ("reward", "optimised_reward", "frac_reward_zero_std", "optimised/frac_reward_zero_std",
-                        "entropy", "completions/mean_length", "kl", "clip_ratio/region_mean", "valid_json")},
-        }
-        # what DAPO's switches did, where a run used them (labkit.variants: dynamic sampling, overlong filtering)
-        for key in ("dynamic_sampling", "overlong_filtered"):
-            if key in history[0]:
-                results["runs"][spec["name"]]["curves"][key] = [h[key] for h in history]
+        entry = {"folder": folder.name, "options": spec["options"], "start": spec.get("start", "warm_start")}
+        if (folder / "history.json").is_file():
+            history = read_json(folder / "history.json")
+            entry["curves"] = {key: [h[key] for h in history] for key in
+                               ("reward", "optimised_reward", "frac_reward_zero_std", "optimised/frac_reward_zero_std",
+                                "entropy", "completions/mean_length", "kl", "clip_ratio/region_mean", "valid_json")}
+            # what DAPO's switches did, where a run used them (labkit.variants: dynamic sampling, overlong filtering)
+            for key in ("dynamic_sampling", "overlong_filtered"):
+                if key in history[0]:
+                    entry["curves"][key] = [h[key] for h in history]
+        elif earlier.get(spec["name"], {}).get("folder") == folder.name:
+            entry["curves"] = earlier[spec["name"]]["curves"]
+        else:
+            raise FileNotFoundError(f"{folder / 'history.json'} is missing and {out} holds no curves for "
+                                    f"{folder.name}: retrain the run (delete its folder and rerun the sweep)")
+        entry["evaluation"] = evaluate.score_policy(folder / "evaluation" / "grpo", labels)
+        results["runs"][spec["name"]] = entry
     if out is not None:
         write_results(out, results)
     return results

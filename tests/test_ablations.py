@@ -178,3 +178,33 @@ def test_a_p_at_the_monte_carlo_floor_is_printed_as_a_bound():
     for r in rows:
         if "test_p" in r:
             assert ("(<= " in lines[f"`{r['name']}`"].split("|")[4]) == r["test_p_is_bound"], r["name"]
+
+
+def test_the_committed_results_recollect_without_the_uncommitted_histories(tmp_path):
+    """A fresh clone has only the partner's history.json: collecting the results again reuses the committed
+    curves of exactly those folders and gives the committed file's content."""
+    import shutil
+
+    specs = ablations.specs()
+    committed = sweep.sweep_root(ablations.SWEEP_FILE, "tiny") / sweep.results_file(ablations.SWEEP_FILE)
+    out = tmp_path / committed.name
+    shutil.copy(committed, out)
+    moved = []
+    for spec in specs:  # hide every history but the partner's, as a fresh clone has them
+        history = Path(spec["folder"]) / "history.json"
+        if history.is_file() and spec["name"] != ablations.PARTNER:
+            hidden = tmp_path / f"{spec['name']}.history.json"
+            shutil.move(history, hidden)
+            moved.append((hidden, history))
+    try:
+        again = sweep.collect_results(specs, out)
+    finally:
+        for hidden, history in moved:
+            shutil.move(hidden, history)
+    assert again == sweep.read_results(committed)
+    for spec in specs:
+        spec_other = dict(spec, folder=str(Path(spec["folder"]).with_name("other-folder")))
+        if spec["name"] != ablations.PARTNER:
+            with pytest.raises(FileNotFoundError, match="holds no curves for other-folder"):
+                sweep.collect_results([spec_other], out)
+            break
