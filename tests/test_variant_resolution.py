@@ -59,15 +59,22 @@ def test_every_allowed_value_has_its_table_entry():
     assert tuple(variants.OBJECTIVE_TABLE) == variants.OBJECTIVES
 
 
-@pytest.mark.parametrize("kl", variants.KLS)
-def test_each_kl_term_logs_the_same_two_measures_and_optimises_its_own(kl):
-    """Hand-sized logits: the logged exact KL and k3 do not depend on the term optimised."""
-    g = torch.Generator().manual_seed(0)
+def _hand_policies(seed: int):
+    """Hand-sized current and reference logits (2 rows x 3 prefixes x 5 tokens, float64, the current
+    with gradient) and the log-probs of fixed sampled tokens under each."""
+    g = torch.Generator().manual_seed(seed)
     logits_cur = torch.randn(2, 3, 5, generator=g, dtype=torch.float64, requires_grad=True)
     logits_ref = torch.randn(2, 3, 5, generator=g, dtype=torch.float64)
     tokens = torch.tensor([[0, 1, 2], [3, 4, 0]])
     logp_cur = torch.log_softmax(logits_cur, -1).gather(-1, tokens[..., None])[..., 0]
     logp_ref = torch.log_softmax(logits_ref, -1).gather(-1, tokens[..., None])[..., 0]
+    return logits_cur, logits_ref, logp_cur, logp_ref
+
+
+@pytest.mark.parametrize("kl", variants.KLS)
+def test_each_kl_term_logs_the_same_two_measures_and_optimises_its_own(kl):
+    """Hand-sized logits: the logged exact KL and k3 do not depend on the term optimised."""
+    logits_cur, logits_ref, logp_cur, logp_ref = _hand_policies(seed=0)
     mask = torch.ones(2, 3, dtype=torch.bool)
     reduce = lambda v: variants.losses.reduce(v, mask, None, "sequence")  # noqa: E731
     penalty, exact, k3 = variants.KL_TABLE[kl]((logp_cur, logits_cur), (logp_ref, logits_ref), reduce, reduce, 4096)
@@ -118,12 +125,7 @@ def test_a_learned_reward_needs_its_verifier_passed_in_and_only_it_takes_one():
 def test_the_logged_measures_ignore_the_losss_reduction(kl):
     """A constant reduction scales the penalty by the responses' lengths / 64; the logged exact KL and k3
     stay the protocol's sequence means, so that runs with any reduction are compared on one measure."""
-    g = torch.Generator().manual_seed(1)
-    logits_cur = torch.randn(2, 3, 5, generator=g, dtype=torch.float64, requires_grad=True)
-    logits_ref = torch.randn(2, 3, 5, generator=g, dtype=torch.float64)
-    tokens = torch.tensor([[0, 1, 2], [3, 4, 0]])
-    logp_cur = torch.log_softmax(logits_cur, -1).gather(-1, tokens[..., None])[..., 0]
-    logp_ref = torch.log_softmax(logits_ref, -1).gather(-1, tokens[..., None])[..., 0]
+    logits_cur, logits_ref, logp_cur, logp_ref = _hand_policies(seed=1)
     mask = torch.tensor([[1, 1, 1], [1, 0, 0]], dtype=torch.bool)  # lengths 3 and 1
     sequence = lambda v: variants.losses.reduce(v, mask, None, "sequence")  # noqa: E731
     constant = lambda v: variants.losses.reduce(v, mask, None, "constant", 8)  # noqa: E731
