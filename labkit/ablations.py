@@ -71,6 +71,13 @@ CHANGES = {
     "k1_beta_1": (9, "KL coefficient 1, k1 on the sampled tokens in the loss"),
     "k2_beta_1": (9, "KL coefficient 1, k2 on the sampled tokens in the loss"),
     "k3_beta_1": (9, "KL coefficient 1, k3 on the sampled tokens in the loss"),
+    # a sampler that computes its probabilities differently from the trainer (issue 43)
+    "bf16_sampler": (9, "sampler with bfloat16 weights, logp_old = the sampler's"),
+    "bf16_trainer_old": (9, "sampler with bfloat16 weights, logp_old recomputed by the trainer"),
+    "bf16_tis": (9, "sampler with bfloat16 weights, logp_old recomputed, truncated importance sampling (C = 2)"),
+    "fp8_sampler": (9, "sampler with float8 weights, logp_old = the sampler's"),
+    "fp8_trainer_old": (9, "sampler with float8 weights, logp_old recomputed by the trainer"),
+    "fp8_tis": (9, "sampler with float8 weights, logp_old recomputed, truncated importance sampling (C = 2)"),
 }
 # the KL-estimator runs' partner on the leash: the exact KL at the same coefficient
 KL_ESTIMATOR_PARTNER = "beta_1"
@@ -301,6 +308,7 @@ def gradient_study_results(preset: str = "tiny") -> dict:
 
 OBJECTIVE_RUNS = ("clip_higher", "token_mean", "dr_grpo", "dapo", "gspo", "cispo")  # against PARTNER
 KL_ESTIMATOR_RUNS = ("k1_beta_1", "k2_beta_1", "k3_beta_1")  # against KL_ESTIMATOR_PARTNER (the exact KL)
+MISMATCH_RUNS = ("bf16_sampler", "bf16_trainer_old", "bf16_tis", "fp8_sampler", "fp8_trainer_old", "fp8_tis")
 
 
 def paired_rows(names: tuple[str, ...], partner: str, preset: str = "tiny") -> list[dict]:

@@ -34,9 +34,12 @@ from pathlib import Path
 
 import torch
 
-from . import losses
+from . import losses, variants
 
 ADVANTAGE_SCHEMES = ("none", "mean", "mean_std", "leave_one_out")
+# each scheme as the loop's switches: (variants' baseline, scale_by_std)
+SCHEME_SETTINGS = {"none": ("none", False), "mean": ("group_mean", False), "mean_std": ("group_mean", True),
+                   "leave_one_out": ("leave_one_out", False)}
 # none           A = r                         REINFORCE on the raw 0/1 reward
 # mean           A = r - mean(r)               Dr. GRPO (the group mean, itself included)
 # mean_std       A = (r - mean) / (std + eps)  GRPO
@@ -54,12 +57,9 @@ def scheme_advantages(rewards: torch.Tensor, scheme: str, eps: float = 1e-8) -> 
     """(P, G) advantages of (P, G) rewards under `scheme` (ADVANTAGE_SCHEMES), float64, detached."""
     if scheme not in ADVANTAGE_SCHEMES:
         raise ValueError(f"advantage scheme {scheme!r}: expected one of {ADVANTAGE_SCHEMES}")
-    # the loop's own functions (`labkit.variants.ADVANTAGE_TABLE` calls the same ones)
-    if scheme == "none":
-        return losses.raw_reward_advantages(rewards)
-    if scheme == "leave_one_out":
-        return losses.leave_one_out_advantages(rewards)
-    return losses.group_advantages(rewards, eps=eps, scale_by_std=scheme == "mean_std")
+    # the loop's own table: each scheme is a (baseline, scale_by_std) setting of `labkit.variants`
+    baseline, scale_by_std = SCHEME_SETTINGS[scheme]
+    return variants.ADVANTAGE_TABLE[baseline](rewards, eps, scale_by_std)
 
 
 # -- 1. The identity, on a game small enough to enumerate ---------------------------------------------

@@ -198,7 +198,8 @@ def reference_scores(reference, batch: scoring.Batch, score=None) -> tuple[torch
 def objective_loss(logp_cur: torch.Tensor, logits_cur: torch.Tensor, reference: tuple[torch.Tensor, torch.Tensor],
                    mask: torch.Tensor, old_logprobs: torch.Tensor | None, advantages: torch.Tensor | None,
                    group_size: int, config: PresetConfig, resolved: Resolved,
-                   reduction: str = "sequence", measure_mask: torch.Tensor | None = None) -> tuple[torch.Tensor, dict]:
+                   reduction: str = "sequence", measure_mask: torch.Tensor | None = None,
+                   token_weights: torch.Tensor | None = None) -> tuple[torch.Tensor, dict]:
     """Loss = the objective's term + kl_coef x its KL term (both from `resolved`, a looked-up variant).
 
     The protocol's term is the clipped surrogate on group advantages, reduced token -> response ->
@@ -206,11 +207,12 @@ def objective_loss(logp_cur: torch.Tensor, logits_cur: torch.Tensor, reference: 
     logged `kl`, `kl_k3` and `entropy` are always the protocol's measures, a sequence mean over
     `measure_mask` (default: `mask`; the loop passes every response token, so that a filter on the
     loss does not change what is measured), whatever the loss's reduction (`labkit.variants`).
+    token_weights: (B, R) truncated importance sampling's weights on the term, or None.
     Shapes as `grpo_loss`'s.  Returns (loss, metrics).
     """
     groups = group_size if resolved.objective.grouped else None
     term, term_stats = resolved.objective.term(logp_cur, old_logprobs, advantages, mask, groups, reduction,
-                                               resolved.clip(config))
+                                               resolved.clip(config), token_weights)
     reduce = lambda values: losses.reduce(values, mask, groups, reduction, config.max_response_tokens)  # noqa: E731
     measured = mask if measure_mask is None else measure_mask
     measure = (reduce if reduction == "sequence" and measured is mask
@@ -244,7 +246,8 @@ def grpo_loss(logp_cur: torch.Tensor, logits_cur: torch.Tensor, reference: tuple
 def grpo_update(model, optimizer, batch: scoring.Batch, old_logprobs: torch.Tensor | None,
                 advantages: torch.Tensor | None, reference: tuple[torch.Tensor, torch.Tensor], lr: float, *,
                 group_size: int, config: PresetConfig, before_step=None, variant: Variant = PROTOCOL,
-                score=None, resolved: Resolved | None = None, loss_mask: torch.Tensor | None = None) -> dict:
+                score=None, resolved: Resolved | None = None, loss_mask: torch.Tensor | None = None,
+                token_weights: torch.Tensor | None = None) -> dict:
     """One AdamW update of the variant's loss (`objective_loss`) at learning rate `lr`, gradient norm
     clipped (`schedule.clipped_step`); returns its metrics.
 
@@ -254,6 +257,7 @@ def grpo_update(model, optimizer, batch: scoring.Batch, old_logprobs: torch.Tens
     resolved: `variant` looked up in `labkit.variants`' tables (the loop passes the one it holds;
     default: looked up here).
     loss_mask: (B, R) the tokens the loss sees, when not all the response tokens (overlong filtering).
+    token_weights: (B, R) truncated importance sampling's weights (`losses.truncated_importance_weights`).
     """
     device = next(model.parameters()).device
     optimizer.zero_grad(set_to_none=True)
@@ -265,7 +269,8 @@ def grpo_update(model, optimizer, batch: scoring.Batch, old_logprobs: torch.Tens
     loss, metrics = objective_loss(logp_cur, logits_cur, reference, mask, to_device(old_logprobs),
                                    to_device(advantages), group_size, config, resolved or resolve(variant),
                                    variant.reduction,
-                                   measure_mask=None if loss_mask is None else batch.response_mask.to(device))
+                                   measure_mask=None if loss_mask is None else batch.response_mask.to(device),
+                                   token_weights=to_device(token_weights))
     grad_norm = clipped_step(optimizer, loss, lr, config.grad_clip)
     return {**metrics, "grad_norm": grad_norm, "learning_rate": lr}
 
@@ -487,14 +492,14 @@ def sample_iteration(loop: Loop, iteration: int, sampler: str, chosen: list[dict
     if chosen is None:
         chosen, seeds = draw_prompts(loop)
     t0 = time.perf_counter()
-    groups = sample_groups(loop.model, loop.tokenizer, chosen, loop.prompts, seeds, G, iteration, sampler,
+    policy = loop.resolved.sampling_policy(loop.model)  # the policy itself, or a rounded copy of it
+    groups = sample_groups(policy, loop.tokenizer, chosen, loop.prompts, seeds, G, iteration, sampler,
                            config.max_response_tokens)
-    seconds = time.perf_counter() - t0
     optimised = optimised_rewards(groups, loop)  # (P, G)
     # the variant's groups: these (the protocol), or with silent groups replaced (dynamic sampling)
     chosen, groups, optimised, dynamic = loop.resolved.refill(
         chosen, groups, optimised, loop.config.prompts_per_iteration,
-        lambda tag: draw_and_sample(loop, iteration, sampler, tag))
+        lambda tag: draw_and_sample(loop, policy, iteration, sampler, tag))
     seconds = time.perf_counter() - t0
     sampled = Sampled(chosen=chosen, groups=groups, optimised=optimised, advantages=advantages_of(loop, optimised),
                       seconds=seconds, dynamic=dynamic)
@@ -504,11 +509,13 @@ def sample_iteration(loop: Loop, iteration: int, sampler: str, chosen: list[dict
     return sampled
 
 
-def draw_and_sample(loop: Loop, iteration: int, sampler: str, stem_tag: str) -> tuple[list[dict], list, torch.Tensor]:
-    """P fresh prompts (the pool's next ones), G responses each, verified, and their optimised rewards
-    (P, G): the extra draws of dynamic sampling (`variants.refill_silent_groups`)."""
+def draw_and_sample(loop: Loop, policy, iteration: int, sampler: str,
+                    stem_tag: str) -> tuple[list[dict], list, torch.Tensor]:
+    """P fresh prompts (the pool's next ones), G responses each by `policy` (the iteration's sampler),
+    verified, and their optimised rewards (P, G): the extra draws of dynamic sampling
+    (`variants.refill_silent_groups`)."""
     chosen, seeds = draw_prompts(loop)
-    groups = sample_groups(loop.model, loop.tokenizer, chosen, loop.prompts, seeds, loop.G, iteration, sampler,
+    groups = sample_groups(policy, loop.tokenizer, chosen, loop.prompts, seeds, loop.G, iteration, sampler,
                            loop.config.max_response_tokens, stem_tag=stem_tag)
     return chosen, groups, optimised_rewards(groups, loop)
 
@@ -546,20 +553,24 @@ LEARNING_ROWS = {"rollouts": rollout_rows, "own_correct": own_correct_rows, "sol
 def update_iteration(loop: Loop, s: Sampled) -> tuple[list[dict], dict]:
     """Stages 4-5: one batch, one reference forward, the updates (two in the protocol); the
     pre-update check rides on the first update's own forward, before its step, when the rows
-    are the rollouts themselves (else it takes a forward of its own).  Returns (the updates'
-    metrics, the check's figures); marks the rollouts as used."""
-    config, G = loop.config, loop.G
+    are the rollouts themselves (else it takes a forward of its own).  With logp_old from the
+    trainer (`labkit.variants`), one forward before the updates recomputes logp_old, the check
+    compares it with the sampler's record, and truncated importance sampling, when on, weighs
+    each token by min(pi_trainer / pi_sampler, C).  Returns (the updates' metrics, the check's
+    figures); marks the rollouts as used."""
+    config, G, resolved = loop.config, loop.G, loop.resolved
     rollouts = s.rollouts
     check = {}
 
     def pre_update_check(logp_cur: torch.Tensor) -> None:
         t = time.perf_counter()
-        check.update(sampling.compare_with_recorded(logp_cur, rollouts, tol=config.logprob_check_tol))
+        check.update(sampling.compare_with_recorded(logp_cur, rollouts, tol=config.logprob_check_tol,
+                                                    strict=resolved.strict_logprob_check))
         check["seconds"] = time.perf_counter() - t  # the comparison only: the forward is the update's
 
-    on_rollouts = loop.resolved.objective.rows == "rollouts"
-    prompts, responses = LEARNING_ROWS[loop.resolved.objective.rows](loop, s)
-    kept = loop.resolved.loss_rows(rollouts) if on_rollouts else None  # (B,) bool, or None: every row
+    on_rollouts = resolved.objective.rows == "rollouts"
+    prompts, responses = LEARNING_ROWS[resolved.objective.rows](loop, s)
+    kept = resolved.loss_rows(rollouts) if on_rollouts else None  # (B,) bool, or None: every row
     if kept is not None and not kept.any():
         prompts = []  # every response was filtered out: nothing to learn from
     if not on_rollouts or not prompts:
@@ -573,14 +584,25 @@ def update_iteration(loop: Loop, s: Sampled) -> tuple[list[dict], dict]:
         score = (shared_prompt_scorer(prompts, responses, G, loop.tokenizer.pad_token_id)
                  if loop.shared_prompts and on_rollouts else plain_scorer(batch))
         reference = reference_scores(loop.reference, batch, score)
+        weights = None  # (B, R) truncated importance sampling's, or None
+        if resolved.recompute_logp_old:  # the trainer's logp_old replaces the sampler's record
+            with torch.no_grad():
+                trainer_old = score(loop.model)[0]
+            pre_update_check(trainer_old)
+            if resolved.tis_cap is not None:
+                weights = losses.truncated_importance_weights(trainer_old, old, batch.response_mask, resolved.tis_cap)
+                active = batch.response_mask.bool()
+                check.update({"tis_weight_mean": float(weights[active].mean()),
+                              "tis_capped": float((weights[active] >= resolved.tis_cap).double().mean())})
+            old = trainer_old
         for k in range(loop.updates_per_iteration):
             lr = warmup_linear_decay(loop.next_update, loop.total_updates, config.grpo_lr, config.warmup_fraction,
                                      config.final_lr_fraction)
+            first = k == 0 and on_rollouts and not resolved.recompute_logp_old
             updates.append(grpo_update(loop.model, loop.optimizer, batch, old, s.advantages, reference, lr,
-                                       group_size=G, config=config,
-                                       before_step=pre_update_check if k == 0 and on_rollouts else None,
-                                       variant=loop.variant, score=score, resolved=loop.resolved,
-                                       loss_mask=loss_mask))
+                                       group_size=G, config=config, before_step=pre_update_check if first else None,
+                                       variant=loop.variant, score=score, resolved=resolved,
+                                       loss_mask=loss_mask, token_weights=weights))
             loop.next_update += 1
     else:  # RFT with no correct response (or every response overlong): nothing to learn from, no update
         loop.next_update += loop.updates_per_iteration
@@ -601,6 +623,10 @@ def record_iteration(loop: Loop, iteration: int, s: Sampled, updates: list[dict]
         "optimised_reward": float(s.optimised.mean()),
         "optimised/frac_reward_zero_std": float(losses.zero_variance_groups(s.optimised).float().mean()),
         "logprob_check/max_abs_diff": check["max_abs_diff"],
+        # a sampler that differs from the trainer on purpose: the size of the mismatch, and the weights
+        **({"sampler_mismatch": {k: check[k] for k in ("mean_abs_diff", "max_abs_diff", "tis_weight_mean", "tis_capped")
+                                 if k in check}}
+           if not loop.resolved.strict_logprob_check else {}),
         # DAPO's switches account for what they did (absent from the protocol's records)
         **({"dynamic_sampling": s.dynamic} if s.dynamic is not None else {}),
         **({"overlong_filtered": sum(r.finish_reason == "length" for r in s.rollouts)}

@@ -238,11 +238,12 @@ def clipped_surrogate(
     reduction: str = "sequence",
     clip_eps_high: float | None = None,
     max_response_tokens: int | None = None,
+    token_weights: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """The clipped surrogate loss of PPO/GRPO and its clipping statistics.
 
         rho_it = exp(logp_cur_it - logp_old_it)
-        obj_it = min(rho_it A_i, clip(rho_it, 1 - eps, 1 + eps_high) A_i)
+        obj_it = w_it min(rho_it A_i, clip(rho_it, 1 - eps, 1 + eps_high) A_i)
         loss   = - reduce_tokens(obj, mask, group_size)
 
     logp_cur:   (B, T) log-probs of the sampled tokens under the current policy (with grad).
@@ -254,6 +255,9 @@ def clipped_surrogate(
     reduction:  "sequence" (`reduce_tokens`, the protocol's), "token" (`token_mean`) or
                 "constant" (`constant_mean`, with max_response_tokens).
     clip_eps_high: the upper clip's epsilon (DAPO's clip-higher); None: clip_eps, symmetric.
+    token_weights: (B, T) w_it >= 0, detached: truncated importance sampling's
+                min(pi_trainer / pi_sampler, C) when the sampler's probabilities differ from
+                the trainer's (`labkit.variants`, "tis_cap"); None: w = 1 (the protocol).
 
     The gradient of obj_it with respect to logp_cur_it is rho_it A_i where the min picks
     the unclipped term, and exactly 0 where the clip is active: rho > 1 + eps with A > 0,
@@ -282,6 +286,9 @@ def clipped_surrogate(
     eps_high = clip_eps if clip_eps_high is None else clip_eps_high
     if not eps_high > 0.0:
         raise ValueError(f"clip_eps_high must be > 0, got {clip_eps_high}")
+    if token_weights is not None and (token_weights.shape != logp_cur.shape or token_weights.requires_grad):
+        raise ValueError(f"token_weights must be detached with the shape of logp_cur {tuple(logp_cur.shape)}, "
+                         f"got {tuple(token_weights.shape)} (requires_grad={token_weights.requires_grad})")
 
     active = mask.bool()
     # On padding the log-probs may be anything (even -inf); rho is set to 1 there so that
@@ -292,6 +299,8 @@ def clipped_surrogate(
     unclipped = rho * adv
     clipped = rho.clamp(1.0 - clip_eps, 1.0 + eps_high) * adv
     objective = torch.minimum(unclipped, clipped)  # (B, T)
+    if token_weights is not None:  # w >= 0 keeps the min's choice and the clip's zero gradient
+        objective = objective * token_weights.to(objective.dtype)
     loss = -reduce(objective, mask, group_size, reduction, max_response_tokens)
 
     with torch.no_grad():
@@ -308,6 +317,23 @@ def clipped_surrogate(
             "ratio/max": rho_active.max().item(),
         }
     return loss, stats
+
+
+def truncated_importance_weights(logp_trainer: torch.Tensor, logp_sampler: torch.Tensor, mask: torch.Tensor,
+                                 cap: float) -> torch.Tensor:
+    """Truncated importance sampling's per-token weights (Yao et al. 2025, "Your efficient RL
+    framework secretly brings you off-policy RL training"):
+
+        w_it = min(pi_trainer(y_t | x, y_<t) / pi_sampler(y_t | x, y_<t), cap)
+
+    logp_trainer: (B, T) the sampled tokens' log-probs as the trainer computes them (the old policy,
+    recomputed); logp_sampler: (B, T) as the sampler recorded them; mask (B, T).  Returns (B, T),
+    detached, 1 on padding.  When sampler and trainer agree, every w is 1 and the loss is unchanged.
+    """
+    if not cap > 1.0:
+        raise ValueError(f"the importance weight's cap must be > 1 (Yao et al. use 2), got {cap!r}")
+    log_ratio = torch.where(mask.bool(), logp_trainer.detach() - logp_sampler.detach(), torch.zeros_like(logp_trainer))
+    return torch.exp(log_ratio).clamp(max=cap)
 
 
 # ----------------------------------------------------------------------------

@@ -42,6 +42,8 @@ from . import losses
 
 OBJECTIVES = ("grpo", "dr_grpo", "dapo", "gspo", "cispo")
 AGGREGATIONS = ("sequence_mean", "token_mean", "constant")
+LOSS_REDUCTIONS = {"sequence_mean": "sequence", "token_mean": "token", "constant": "constant"}
+"""each aggregation's name in the loop (`losses.reduce`, a variant's `reduction`)"""
 DEFAULTS = {  # each objective's parameters as its paper sets them
     "grpo": {"epsilon_low": 0.2, "epsilon_high": 0.2, "aggregation": "sequence_mean"},
     "dr_grpo": {"epsilon_low": 0.2, "epsilon_high": 0.2, "aggregation": "constant"},
@@ -54,14 +56,10 @@ DEFAULTS = {  # each objective's parameters as its paper sets them
 def aggregate(values: torch.Tensor, mask: torch.Tensor, aggregation: str,
               max_response_tokens: int | None = None) -> torch.Tensor:
     """(B, T) per-token values -> 0-d, by `aggregation` (module docstring); padding never counts.
-    All three are the loop's own reductions (`losses.reduce_tokens`, `token_mean`, `constant_mean`)."""
-    if aggregation == "sequence_mean":
-        return losses.reduce_tokens(values, mask)
-    if aggregation == "token_mean":
-        return losses.token_mean(values, mask)
-    if aggregation == "constant":
-        return losses.constant_mean(values, mask, max_response_tokens)
-    raise ValueError(f"aggregation {aggregation!r}: expected one of {AGGREGATIONS}")
+    All three are the loop's own reductions (`losses.reduce`: "sequence", "token", "constant")."""
+    if aggregation not in AGGREGATIONS:
+        raise ValueError(f"aggregation {aggregation!r}: expected one of {AGGREGATIONS}")
+    return losses.reduce(values, mask, None, LOSS_REDUCTIONS[aggregation], max_response_tokens)
 
 
 def clipped_term(rho: torch.Tensor, advantages: torch.Tensor, epsilon_low: float, epsilon_high: float) -> torch.Tensor:

@@ -36,7 +36,8 @@ module makes that experiment on the tiny model, with the lab's exact verifier as
    hashed_seed("overoptimisation/<id>/<draw>"), the same at every checkpoint and in every run:
    the checkpoints are paired) and each answer is scored by the verifier and the proxy; the
    exact sequence KL to the start, E_y [sum_t KL(pi(.|x, y<t) || pi_0(.|x, y<t))], is measured
-   on those answers.
+   on those answers.  Each checkpoint keeps the 800 answers' texts (why each stopped, which held an undecodable id), so that
+   the true reward can be recomputed from them and the committed labels alone.
 
 Outputs (committed, small): proxies/<name>.safetensors with proxies.json (their held-out
 precision and recall), best_of_n.jsonl.gz (every draw with its verdict, "kind" saying how a wrong
@@ -378,7 +379,12 @@ class ValidationCurves:
                 "proxy_p": float(p.mean()), "sequence_kl": float(kl.mean()),
                 "tokens_per_response": sum(len(x) for x in responses) / n, "problems": len(self.problems),
                 "draws": D, "true_counts": true_counts, "proxy_counts": proxy_counts,
-                "fooled": dict(sorted(kinds.items())), "fooled_examples": examples}
+                "fooled": dict(sorted(kinds.items())), "fooled_examples": examples,
+                # every answer, so that an outsider can re-score the truth: texts[k x D + d] is draw d on
+                # validation problem k, in the order of problem_ids (the labels are in data/)
+                "problem_ids": [p["id"] for p in self.problems], "texts": [r.text for r in rollouts],
+                "finish_reasons": [r.finish_reason for r in rollouts],
+                "undecodable": [j for j, r in enumerate(rollouts) if not r.tokenization_valid]}
 
     def maybe_measure(self, folder: RunFolder, iteration: int, at_start: bool = False) -> float:
         if at_start and iteration != 0:

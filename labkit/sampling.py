@@ -40,7 +40,9 @@ import torch
 from . import scoring, verifier
 from .config import QWEN
 
-MAX_NEW_TOKENS = scoring.MAX_RESPONSE_TOKENS
+MAX_NEW_TOKENS = scoring.MAX_RESPONSE_TOKENS  # the protocol's response limit: every sampler's default
+SAMPLER_TOKEN_LIMIT = 256
+"""the most tokens one sampler call may generate: worked answers (`labkit.worked`) need more than 64"""
 LOGPROB_TOLERANCE = QWEN.logprob_check_tol  # recorded vs re-scored log-probs (labkit.config)
 
 
@@ -192,8 +194,9 @@ def _check_arguments(model, prompts, seeds, greedy, max_new_tokens, temperature,
             "the model is in train mode: dropout would make the behaviour log-probs inconsistent "
             "(a re-scored sequence would not reproduce them); call model.eval() before sampling"
         )
-    if not isinstance(max_new_tokens, int) or not 1 <= max_new_tokens <= MAX_NEW_TOKENS:
-        raise ValueError(f"max_new_tokens must be an integer in 1..{MAX_NEW_TOKENS} (the response limit), got {max_new_tokens!r}")
+    if not isinstance(max_new_tokens, int) or not 1 <= max_new_tokens <= SAMPLER_TOKEN_LIMIT:
+        raise ValueError(f"max_new_tokens must be an integer in 1..{SAMPLER_TOKEN_LIMIT} (the samplers' limit), "
+                         f"got {max_new_tokens!r}")
     if not prompts:
         raise ValueError("no prompts to sample from")
     for i, p in enumerate(prompts):
@@ -488,17 +491,19 @@ def compare_with_recorded(logp: torch.Tensor, rollouts: list[Rollout], tol: floa
     `check_recorded_logprobs`, for a caller that already has the forward (the GRPO update)."""
     logp = logp.detach().cpu().double()
     worst = (0.0, None, None)
-    tokens = 0
+    tokens, total = 0, 0.0
     for b, r in enumerate(rollouts):
         if len(r.old_logprobs) != len(r.response_ids):
             raise ValueError(f"rollout {r.rollout_id}: {len(r.old_logprobs)} log-probs for {len(r.response_ids)} tokens")
         recorded = torch.tensor(r.old_logprobs, dtype=torch.float64)
         diff = (logp[b, : len(recorded)] - recorded).abs()
         tokens += len(recorded)
+        total += float(diff.sum())
         step = int(torch.argmax(diff))
         if float(diff[step]) >= worst[0] or worst[1] is None:
             worst = (float(diff[step]), r.rollout_id, step)
-    result = {"ok": worst[0] <= tol, "max_abs_diff": worst[0], "tol": tol, "rollouts": len(rollouts),
+    result = {"ok": worst[0] <= tol, "max_abs_diff": worst[0], "mean_abs_diff": total / max(tokens, 1),
+              "tol": tol, "rollouts": len(rollouts),
               "tokens": tokens, "worst_rollout_id": worst[1], "worst_step": worst[2]}
     if strict and not result["ok"]:
         raise ValueError(_mismatch_message(result))

@@ -35,6 +35,16 @@ part of the loop and nothing else:
                        dropped and replaced by groups of fresh prompts, at most
                        DYNAMIC_SAMPLING_ROUNDS extra draws of P prompts an iteration (then the
                        batch is filled up with dropped groups); logged per iteration
+    sampler_weights    the sampler's copy of the policy: "float32" (the trainer's own weights: the
+                       protocol, where sampler and trainer agree to 2e-4); "bfloat16" or "float8"
+                       (e4m3, one scale per tensor): the weights rounded as an inference engine
+                       holds them, so the sampler's probabilities differ from the trainer's.  The
+                       pre-update check then reports the mismatch instead of stopping the run
+    logp_old_from      where logp_old comes from: "sampler" (the log-probs recorded at sampling
+                       time: the protocol); "trainer": recomputed by the policy before the first
+                       update (one forward more), as most libraries do, so the first ratio is 1
+    tis_cap            truncated importance sampling (needs logp_old_from "trainer"): each token's
+                       surrogate term x min(pi_trainer / pi_sampler, tis_cap), detached; None: off
     length_penalty     the optimised reward is r - length_penalty x (response tokens / limit)
     updates_per_iteration  None: the preset's 2; with 1 the ratio is exactly 1 and the clip never
                        acts (REINFORCE with a group baseline)
@@ -55,6 +65,7 @@ terms of GSPO and CISPO are `labkit.objectives`' (each checked against its paper
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import json
 from dataclasses import asdict, dataclass, fields
@@ -69,6 +80,8 @@ REDUCTIONS = losses.REDUCTIONS
 KLS = ("exact", "k1", "k2", "k3", "none")
 REWARDS = ("verifier", "random", "format", "learned")
 BASELINES = ("group_mean", "leave_one_out", "none")
+SAMPLER_WEIGHTS = ("float32", "bfloat16", "float8")
+LOGP_OLD_FROM = ("sampler", "trainer")
 DYNAMIC_SAMPLING_ROUNDS = 3
 """extra draws of P prompts an iteration that dynamic sampling may make before it stops"""
 
@@ -101,10 +114,17 @@ class Variant:
     """take responses stopped by the token limit out of the loss (DAPO)"""
     dynamic_sampling: bool = False
     """replace groups with no signal by fresh prompts' groups (DAPO)"""
+    sampler_weights: str = "float32"
+    """"float32" (the trainer's weights), "bfloat16" or "float8" (rounded copies for the sampler)"""
+    logp_old_from: str = "sampler"
+    """"sampler" (recorded at sampling time) or "trainer" (recomputed before the first update)"""
+    tis_cap: float | None = None
+    """truncated importance sampling's cap C on pi_trainer / pi_sampler (Yao et al.: 2); None: off"""
 
     def __post_init__(self):
         for name, allowed in (("objective", OBJECTIVES), ("reduction", REDUCTIONS), ("kl", KLS),
-                              ("reward", REWARDS), ("baseline", BASELINES)):
+                              ("reward", REWARDS), ("baseline", BASELINES),
+                              ("sampler_weights", SAMPLER_WEIGHTS), ("logp_old_from", LOGP_OLD_FROM)):
             if getattr(self, name) not in allowed:
                 raise ValueError(f"variant {name}={getattr(self, name)!r}: expected one of {allowed}")
         for name in ("scale_by_std", "overlong_filter", "dynamic_sampling"):
@@ -126,6 +146,15 @@ class Variant:
                                                  or self.overlong_filter or self.dynamic_sampling):
             raise ValueError(f"variant objective {self.objective!r} learns by cross-entropy: baseline, "
                              f"clip_eps_high, overlong_filter and dynamic_sampling do not apply")
+        if self.tis_cap is not None and (isinstance(self.tis_cap, bool) or not isinstance(self.tis_cap, (int, float))
+                                         or not self.tis_cap > 1.0):
+            raise ValueError(f"variant tis_cap={self.tis_cap!r}: a number > 1 (Yao et al. use 2)")
+        if self.tis_cap is not None and (self.logp_old_from != "trainer" or self.objective != "grpo"):
+            raise ValueError("variant tis_cap weights GRPO's surrogate by pi_trainer / pi_sampler: it needs "
+                             "objective 'grpo' and logp_old_from 'trainer'")
+        if self.logp_old_from == "trainer" and OBJECTIVE_TABLE[self.objective].rows != "rollouts":
+            raise ValueError(f"variant logp_old_from 'trainer': objective {self.objective!r} has no ratio, "
+                             "so no logp_old")
         if isinstance(self.length_penalty, bool) or not isinstance(self.length_penalty, (int, float)) \
                 or not self.length_penalty >= 0.0:
             raise ValueError(f"variant length_penalty={self.length_penalty!r}: a number >= 0")
@@ -280,15 +309,17 @@ class Clip:
     """the preset's response limit: the length in the "constant" reduction"""
 
 
-def surrogate_term(logp_cur, old_logprobs, advantages, mask, group_size, reduction, clip: Clip):
+def surrogate_term(logp_cur, old_logprobs, advantages, mask, group_size, reduction, clip: Clip,
+                   token_weights=None):
     """The clipped surrogate on group advantages, reduced per group: (value 0-d, clip statistics)."""
     return losses.clipped_surrogate(logp_cur, old_logprobs, advantages, mask, clip_eps=clip.eps,
                                     group_size=group_size, reduction=reduction,
                                     clip_eps_high=None if clip.eps_high == clip.eps else clip.eps_high,
-                                    max_response_tokens=clip.max_response_tokens)
+                                    max_response_tokens=clip.max_response_tokens, token_weights=token_weights)
 
 
-def sequence_ratio_term(logp_cur, old_logprobs, advantages, mask, group_size, reduction, clip: Clip):
+def sequence_ratio_term(logp_cur, old_logprobs, advantages, mask, group_size, reduction, clip: Clip,
+                        token_weights=None):
     """GSPO: each response's ratio exp(mean_t log-ratio), clipped per response to the paper's
     [1 - 3e-4, 1 + 4e-4] (`objectives.DEFAULTS`), a mean over each group's responses, then over groups."""
     eps_low, eps_high = objectives.DEFAULTS["gspo"]["epsilon_low"], objectives.DEFAULTS["gspo"]["epsilon_high"]
@@ -306,7 +337,8 @@ def sequence_ratio_term(logp_cur, old_logprobs, advantages, mask, group_size, re
     return value, stats
 
 
-def capped_weight_term(logp_cur, old_logprobs, advantages, mask, group_size, reduction, clip: Clip):
+def capped_weight_term(logp_cur, old_logprobs, advantages, mask, group_size, reduction, clip: Clip,
+                       token_weights=None):
     """CISPO: sg(min(rho, 1 + eps_high)) A log pi on every token, reduced as the variant says; the
     "high" share is the tokens whose weight the cap cut (their gradient is kept, scaled down)."""
     per_token = objectives.capped_weight_per_token(logp_cur, old_logprobs, advantages, 1.0 + clip.eps_high)
@@ -320,7 +352,8 @@ def capped_weight_term(logp_cur, old_logprobs, advantages, mask, group_size, red
     return value, stats
 
 
-def imitation_term(logp_cur, old_logprobs, advantages, mask, group_size, reduction, clip: Clip):
+def imitation_term(logp_cur, old_logprobs, advantages, mask, group_size, reduction, clip: Clip,
+                   token_weights=None):
     """The mean negative log-likelihood of the rows (one group of all); no ratio, so nothing clipped."""
     return losses.reduce(-logp_cur, mask, None, reduction, clip.max_response_tokens), {
         "clip_ratio/low_mean": 0.0, "clip_ratio/high_mean": 0.0, "clip_ratio/region_mean": 0.0}
@@ -333,7 +366,9 @@ class Objective:
     rows: str
     """"rollouts", "own_correct" or "solver_targets" (the comment above the table)"""
     term: Callable
-    """term(logp_cur, old_logprobs, advantages, mask, group_size, reduction, clip) -> (0-d, stats)"""
+    """term(logp_cur, old_logprobs, advantages, mask, group_size, reduction, clip, token_weights) -> (0-d,
+    stats); token_weights (B, R) or None: truncated importance sampling's, which only GRPO's term takes
+    (`Variant` refuses tis_cap with any other objective)"""
     grouped: bool
     """reduce per group of G (the surrogate's) or over all rows as one group (cross-entropy's)"""
 
@@ -399,6 +434,44 @@ REFILL_TABLE = {False: keep_groups, True: refill_silent_groups}
 LOSS_ROWS_TABLE = {False: all_rows, True: drop_overlong}
 
 
+# The sampler's weights.  Each entry takes the policy and returns the model the iteration samples
+# from: the policy itself (the protocol), or a copy whose weights are rounded as a low-precision
+# inference engine would hold them (computed in float32, so the result is the same on every CPU).
+
+
+def same_weights(model):
+    """The protocol: the sampler is the trainer's policy itself."""
+    return model
+
+
+def rounded_copy(round_tensor: Callable) -> Callable:
+    """A sampler that is a copy of the policy with every weight passed through `round_tensor`."""
+    def copy_for_sampling(model):
+        sampler = copy.deepcopy(model)
+        with torch.no_grad():
+            for p in sampler.parameters():
+                p.copy_(round_tensor(p))
+        sampler.requires_grad_(False)
+        return sampler
+    copy_for_sampling.__doc__ = round_tensor.__doc__
+    return copy_for_sampling
+
+
+def to_bfloat16(w: torch.Tensor) -> torch.Tensor:
+    """bfloat16 weights (8 bits of mantissa), as most inference engines serve a policy."""
+    return w.to(torch.bfloat16).to(w.dtype)
+
+
+def to_float8(w: torch.Tensor) -> torch.Tensor:
+    """float8 e4m3 weights with one scale per tensor (its largest |w| maps to 448, e4m3's largest)."""
+    scale = w.abs().max().clamp_min(1e-12) / 448.0
+    return (w / scale).to(torch.float8_e4m3fn).to(w.dtype) * scale
+
+
+SAMPLER_WEIGHTS_TABLE = {"float32": same_weights, "bfloat16": rounded_copy(to_bfloat16),
+                         "float8": rounded_copy(to_float8)}
+
+
 def length_penalised(compute: Callable, coefficient: float) -> Callable:
     """compute's rewards minus coefficient x (response tokens / the preset's response limit)."""
     def penalised(groups, loop) -> torch.Tensor:
@@ -426,6 +499,14 @@ class Resolved:
     """what the variant adds to a run's identity ({} for the protocol, whose identity stays as it was)"""
     clip_eps_high: float | None = None
     """the variant's upper clip epsilon (None: the preset's clip_eps)"""
+    sampling_policy: Callable = same_weights
+    """sampling_policy(model) -> the model the iteration samples from (`SAMPLER_WEIGHTS_TABLE`)"""
+    strict_logprob_check: bool = True
+    """the pre-update check stops the run on a mismatch (False: a sampler that differs on purpose)"""
+    recompute_logp_old: bool = False
+    """logp_old from the trainer's forward before the first update, not the sampler's record"""
+    tis_cap: float | None = None
+    """truncated importance sampling's cap (None: no weights)"""
 
     def clip(self, config) -> Clip:
         """The clip and the constant reduction's length, from the preset's config and the variant."""
@@ -441,7 +522,10 @@ def resolve(variant: Variant) -> Resolved:
                     objective=OBJECTIVE_TABLE[variant.objective], advantages=ADVANTAGE_TABLE[variant.baseline],
                     refill=REFILL_TABLE[variant.dynamic_sampling], loss_rows=LOSS_ROWS_TABLE[variant.overlong_filter],
                     identity={} if variant.is_protocol else {"variant": variant.to_dict()},
-                    clip_eps_high=variant.clip_eps_high)
+                    clip_eps_high=variant.clip_eps_high,
+                    sampling_policy=SAMPLER_WEIGHTS_TABLE[variant.sampler_weights],
+                    strict_logprob_check=variant.sampler_weights == "float32",
+                    recompute_logp_old=variant.logp_old_from == "trainer", tis_cap=variant.tis_cap)
 
 
 def needs_learned_verifier(variant: Variant) -> bool:
@@ -451,4 +535,4 @@ def needs_learned_verifier(variant: Variant) -> bool:
 
 # every allowed value has its entry, and nothing else has one
 assert tuple(REWARD_TABLE) == REWARDS and tuple(KL_TABLE) == KLS and tuple(OBJECTIVE_TABLE) == OBJECTIVES
-assert tuple(ADVANTAGE_TABLE) == BASELINES
+assert tuple(ADVANTAGE_TABLE) == BASELINES and tuple(SAMPLER_WEIGHTS_TABLE) == SAMPLER_WEIGHTS

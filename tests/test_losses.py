@@ -471,3 +471,31 @@ def test_clip_higher_widens_only_the_upper_side():
     assert s1["clip_ratio/high_mean"] == 0.5 and s2["clip_ratio/high_mean"] == 0.5
     same, _ = losses.clipped_surrogate(logp, logp_old, adv, mask, clip_eps=0.2, clip_eps_high=0.2)
     assert float(same.detach()) == float(sym.detach())
+
+
+def test_truncated_importance_weights_by_hand():
+    # pi_trainer / pi_sampler = 0.5, 1.5, 3 (capped at 2) on row 0; row 1 has one token and padding
+    logp_sampler = torch.log(torch.tensor([[0.4, 0.2, 0.1], [0.5, 0.9, 0.9]], dtype=torch.float64))
+    logp_trainer = torch.log(torch.tensor([[0.2, 0.3, 0.3], [0.5, 0.1, 0.7]], dtype=torch.float64))
+    mask = torch.tensor([[1, 1, 1], [1, 0, 0]])
+    w = losses.truncated_importance_weights(logp_trainer, logp_sampler, mask, cap=2.0)
+    assert w.flatten().tolist() == pytest.approx([0.5, 1.5, 2.0, 1.0, 1.0, 1.0], abs=1e-15)  # padding: 1
+    assert not w.requires_grad
+    with pytest.raises(ValueError, match="cap must be > 1"):
+        losses.truncated_importance_weights(logp_trainer, logp_sampler, mask, cap=1.0)
+
+
+def test_token_weights_scale_each_token_term_and_its_gradient():
+    # two tokens of one response, A = 1, rho = 1.1 and 1.3 (clipped at 1.2); weights 0.5 and 2
+    logp_old = torch.zeros(1, 2, dtype=torch.float64)
+    logp = torch.log(torch.tensor([[1.1, 1.3]], dtype=torch.float64)).requires_grad_(True)
+    adv, mask = torch.tensor([1.0], dtype=torch.float64), torch.ones(1, 2)
+    w = torch.tensor([[0.5, 2.0]], dtype=torch.float64)
+    loss, stats = losses.clipped_surrogate(logp, logp_old, adv, mask, clip_eps=0.2, token_weights=w)
+    assert float(loss.detach()) == pytest.approx(-(0.5 * 1.1 + 2.0 * 1.2) / 2, abs=1e-15)
+    loss.backward()
+    # the loss is -(w rho A) / 2 per token: its gradient -w rho / 2 where unclipped, exactly 0 where the clip binds
+    assert logp.grad.flatten().tolist() == pytest.approx([-0.5 * 1.1 / 2, 0.0], abs=1e-15)
+    assert stats["clip_ratio/high_mean"] == 0.5
+    with pytest.raises(ValueError, match="token_weights must be detached with the shape"):
+        losses.clipped_surrogate(logp, logp_old, adv, mask, token_weights=w[:, :1])

@@ -175,8 +175,10 @@ def test_seeds_and_greedy_are_exclusive(model, tokenizer, prompts):
         sampling.sample_fast(model, tokenizer, prompts[:1], [0], greedy=True, max_new_tokens=2)
     with pytest.raises(ValueError, match="1 seeds for 2 prompts"):
         sampling.sample_fast(model, tokenizer, prompts[:2], [0], max_new_tokens=2)
-    with pytest.raises(ValueError, match="max_new_tokens must be an integer in 1..64"):
-        sampling.sample_fast(model, tokenizer, prompts[:1], [0], max_new_tokens=65)
+    with pytest.raises(ValueError, match="max_new_tokens must be an integer in 1..256"):
+        sampling.sample_fast(model, tokenizer, prompts[:1], [0], max_new_tokens=257)
+    with pytest.raises(ValueError, match="max_new_tokens must be an integer in 1..256"):
+        sampling.sample_fast(model, tokenizer, prompts[:1], [0], max_new_tokens=0)
 
 
 def test_undecodable_ids_are_visible_and_invalidate(tokenizer):

@@ -176,3 +176,49 @@ def test_dynamic_sampling_keeps_groups_with_signal_first_in_drawn_order():
         ["c1", "c2"], ["g1", "g2"], torch.zeros(2, 2), 2, lambda tag: (["x", "y"], ["gx", "gy"], torch.zeros(2, 2)))
     assert chosen == ["c1", "c2"]  # the cap reached: the batch filled with the first silent groups drawn
     assert account == {"rounds": 3, "prompts_drawn": 8, "groups_with_signal": 0, "silent_kept": 2}
+
+
+def test_sampler_mismatch_options_are_checked():
+    with pytest.raises(ValueError, match="variant sampler_weights='fp16': expected one of"):
+        Variant(sampler_weights="fp16")
+    with pytest.raises(ValueError, match="tis_cap weights GRPO's surrogate by pi_trainer / pi_sampler"):
+        Variant(sampler_weights="bfloat16", tis_cap=2.0)  # logp_old still the sampler's
+    with pytest.raises(ValueError, match=r"variant tis_cap=0.5: a number > 1"):
+        Variant(logp_old_from="trainer", tis_cap=0.5)
+    with pytest.raises(ValueError, match="objective 'sft' has no ratio"):
+        Variant(objective="sft", kl="none", logp_old_from="trainer")
+
+
+def test_the_rounded_samplers_differ_from_the_policy_and_leave_it_alone():
+    from labkit.variants import SAMPLER_WEIGHTS_TABLE, to_bfloat16, to_float8
+    model = models.new_tiny_model(seed=3)
+    before = models.parameter_digest(model)
+    assert SAMPLER_WEIGHTS_TABLE["float32"](model) is model
+    w = torch.tensor([0.1, -0.3, 1.0 + 2 ** -10, 448.0])
+    assert to_bfloat16(w).tolist() == [0.10009765625, -0.30078125, 1.0, 448.0]  # 8 bits of mantissa
+    assert to_float8(w).tolist() == [0.1015625, -0.3125, 1.0, 448.0]  # scale 1: e4m3's 3 bits
+    for kind in ("bfloat16", "float8"):
+        sampler = SAMPLER_WEIGHTS_TABLE[kind](model)
+        assert sampler is not model and models.parameter_digest(sampler) != before
+        assert not any(p.requires_grad for p in sampler.parameters())
+    assert models.parameter_digest(model) == before
+
+
+@pytest.mark.parametrize("logp_old_from, tis_cap", [("sampler", None), ("trainer", None), ("trainer", 2.0)])
+def test_a_float8_sampler_is_reported_and_logp_old_follows_the_switch(tmp_path, start_file, logp_old_from, tis_cap):
+    variant = Variant(sampler_weights="float8", logp_old_from=logp_old_from, tis_cap=tis_cap)
+    manifest, history, rows = run(tmp_path / "fp8", start_file, variant)
+    for h in history:
+        mismatch = h["sampler_mismatch"]
+        assert mismatch["max_abs_diff"] > SMALL.logprob_check_tol  # the run went on: the check only reports
+        assert 0 < mismatch["mean_abs_diff"] <= mismatch["max_abs_diff"]
+        assert ("tis_weight_mean" in mismatch) == (tis_cap is not None)
+        first = h["updates"][0]
+        if logp_old_from == "trainer":  # the trainer's own logp_old: the first ratio is 1, bit for bit
+            assert first["ratio/min"] == first["ratio/max"] == 1.0
+        else:  # the sampler's: the first ratio is pi_trainer / pi_sampler
+            assert first["ratio/max"] - first["ratio/min"] > 1e-3
+        if tis_cap is not None:
+            assert 0 < mismatch["tis_weight_mean"] <= tis_cap and 0 <= mismatch["tis_capped"] <= 1
+    # the rollouts were sampled by the rounded copy, and say so
+    assert {r["policy_digest"] for r in rows if r["iteration"] == 1} != {manifest["reference_digest"]}
