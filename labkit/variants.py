@@ -95,9 +95,10 @@ class Variant:
     scale_by_std: bool = True
     """divide the centred rewards by the group's std (GRPO) or not (Dr. GRPO)"""
     reduction: str = "sequence"
-    """"sequence" (token -> response -> prompt means) or "token" (one mean over all tokens)"""
+    """"sequence" (token -> response -> prompt means), "token" (one mean over all tokens) or "constant"
+    (the sum over all tokens / (B x the response limit))"""
     kl: str = "exact"
-    """"exact" (per-prefix, whole vocabulary), "k3" (sampled tokens) or "none\""""
+    """"exact" (per-prefix, whole vocabulary), "k1", "k2", "k3" (sampled tokens) or "none\""""
     length_penalty: float = 0.0
     """coefficient of the length penalty on the optimised reward"""
     updates_per_iteration: int | None = None
