@@ -36,16 +36,6 @@ GRPO_ITERATION = {
     "clip_ratio/region_mean": "from the iteration's last update",
 }
 
-# What a variant adds to an iteration's record (labkit.variants; absent from the protocol's records).
-GRPO_VARIANT_ITERATION = {
-    "dynamic_sampling": "DAPO's dynamic sampling: {rounds, prompts_drawn, groups_with_signal, silent_kept}, the extra "
-                        "draws of P prompts it made and what the batch kept",
-    "overlong_filtered": "DAPO's overlong filtering: responses stopped by the token limit, taken out of the loss",
-    "sampler_mismatch": "a sampler whose weights differ from the trainer's: {mean_abs_diff, max_abs_diff} of "
-                        "|log pi_trainer - log pi_sampler| over the iteration's tokens, and with truncated importance "
-                        "sampling {tis_weight_mean, tis_capped}: the mean weight and the share of tokens at the cap",
-}
-
 # One GRPO update (history.json, record["updates"][k]).
 GRPO_UPDATE = {
     "loss": "surrogate + kl_coef x kl, the value backpropagated",
@@ -227,7 +217,7 @@ REWARD_MODEL_SAMPLE = {
     "proxy": "the proxy's yes/no: p_correct >= threshold",
 }
 
-ALL = {"grpo_iteration": GRPO_ITERATION, "grpo_variant_iteration": GRPO_VARIANT_ITERATION, "grpo_update": GRPO_UPDATE, "grpo_timings": GRPO_TIMINGS,
+ALL = {"grpo_iteration": GRPO_ITERATION, "grpo_update": GRPO_UPDATE, "grpo_timings": GRPO_TIMINGS,
        "grpo_checkpoint": GRPO_CHECKPOINT,
        "rollout_row": ROLLOUT_ROW, "sft_update": SFT_UPDATE, "sft_validation": SFT_VALIDATION,
        "greedy_validation": GREEDY_VALIDATION, "evaluation": EVALUATION,

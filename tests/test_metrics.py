@@ -49,25 +49,6 @@ def test_grpo_history_updates_rows_and_timings_are_documented(grpo_run):
     assert keys(checkpoints) == set(metrics.GRPO_CHECKPOINT)
 
 
-def test_what_a_variant_adds_to_an_iteration_is_documented(tmp_path):
-    from labkit.variants import Variant
-
-    start = tmp_path / "start.safetensors"
-    models.save_model(models.new_tiny_model(seed=3), start)
-    records = []
-    # every switch that logs something of its own: DAPO's, and a mismatched sampler with TIS (apart: the
-    # random model's 4-token responses are all overlong, so the filter would leave TIS nothing to weigh)
-    for name, variant in (("dapo", Variant(clip_eps_high=0.28, reduction="token", overlong_filter=True,
-                                           dynamic_sampling=True)),
-                          ("tis", Variant(sampler_weights="float8", logp_old_from="trainer", tis_cap=2.0))):
-        grpo.run_grpo(TINY.with_overrides(max_response_tokens=4, checkpoint_problems=4), tmp_path / name,
-                      group_size=2, iterations=1, start_file=start, progress=False, variant=variant)
-        records += read_json(tmp_path / name / "history.json")
-    assert keys(records) == set(metrics.GRPO_ITERATION) | set(metrics.GRPO_VARIANT_ITERATION)
-    assert set(records[0]["dynamic_sampling"]) == {"rounds", "prompts_drawn", "groups_with_signal", "silent_kept"}
-    assert set(records[1]["sampler_mismatch"]) == {"mean_abs_diff", "max_abs_diff", "tis_weight_mean", "tis_capped"}
-
-
 def test_sft_history_and_greedy_validation_are_documented(sft_run):
     folder, manifest = sft_run
     history = read_json(folder / "history.json")
