@@ -395,6 +395,10 @@ def _report(summary: dict, progress: bool) -> dict:
     return summary
 
 
+FIRST_UPDATE_KEYS = ("ratio/min", "ratio/max", "ratio/mean", "clip_ratio/region_mean")
+"""what the results keep of a mismatched run's first update each iteration (its ratio is 1 without a mismatch)"""
+
+
 def collect_results(specs: list[dict], out: str | Path | None = None) -> dict:
     """Scoring phase: every run's evaluation (Wilson intervals, ID50/OOD100/ALL) and its curves."""
     from . import evaluate
@@ -416,6 +420,11 @@ def collect_results(specs: list[dict], out: str | Path | None = None) -> dict:
             for key in ("dynamic_sampling", "overlong_filtered"):
                 if key in history[0]:
                     entry["curves"][key] = [h[key] for h in history]
+            # a sampler that differs from the trainer on purpose: the logged gap, and the first update's ratios
+            if "sampler_mismatch" in history[0]:
+                entry["curves"]["sampler_mismatch"] = [h["sampler_mismatch"] for h in history]
+                entry["curves"]["first_update"] = [{k: h["updates"][0][k] for k in FIRST_UPDATE_KEYS}
+                                                   for h in history]
         elif earlier.get(spec["name"], {}).get("folder") == folder.name:
             entry["curves"] = earlier[spec["name"]]["curves"]
         else:
