@@ -341,6 +341,26 @@ def dynamic_sampling_account(run: Run) -> dict:
             "overlong_filtered": sum(h.get("overlong_filtered", 0) for h in history)}
 
 
+def mismatch_account(run: Run) -> dict:
+    """What a sampler that differs from the trainer did over a run (`labkit.variants`' sampler_weights), from
+    its logged values: the gap |log pi_trainer - log pi_sampler| per token (the mean of each iteration's mean,
+    the largest of any token), the first update's ratio (its smallest and largest over the run, the mean
+    share of tokens outside the clip range) and, with truncated importance sampling, the mean weight and the
+    mean share of tokens whose weight the cap cut."""
+    history = run.history()
+    if "sampler_mismatch" not in history[0]:
+        raise ValueError(f"run {run.name!r} sampled with the trainer's own weights: no mismatch was logged")
+    gaps, first = [h["sampler_mismatch"] for h in history], [h["first_update"] for h in history]
+    account = {"iterations": len(history), "gap_mean": _mean(g["mean_abs_diff"] for g in gaps),
+               "gap_max": max(g["max_abs_diff"] for g in gaps),
+               "first_ratio_min": min(f["ratio/min"] for f in first), "first_ratio_max": max(f["ratio/max"] for f in first),
+               "first_clipped": _mean(f["clip_ratio/region_mean"] for f in first)}
+    if "tis_weight_mean" in gaps[0]:
+        account.update(tis_weight_mean=_mean(g["tis_weight_mean"] for g in gaps),
+                       tis_capped=_mean(g["tis_capped"] for g in gaps))
+    return account
+
+
 SCHEME_WORDS = {"none": "raw reward", "mean": "group mean", "mean_std": "mean and std",
                 "leave_one_out": "leave-one-out"}
 

@@ -368,7 +368,8 @@ def _ablation_section(run: Path) -> list[str]:
            "resample was as extreme, so the true p may be smaller). The last "
            "three columns are means over the last 10 iterations. The KL estimators' runs (`k1_beta_1` to "
            "`k3_beta_1`) are paired with the exact KL at the same coefficient (`beta_1`) in the objectives "
-           "appendix.", "",
+           "appendix; the sampler runs (`bf16_*`, `fp8_*`) sample from a copy of the policy with rounded weights, "
+           "and the appendix also gives the size of that mismatch.", "",
            "| run | what it changes | test per draw | vs grpo, test (p) | vs grpo, validation (p) | KL at the end "
            "| tokens clipped | groups with no signal |",
            "| --- | --- | --- | --- | --- | --- | --- | --- |"]

@@ -45,9 +45,10 @@ from .task import ID_MAX, OOD_MAX, TARGET_MAX, Problem
 
 WORKED_INSTRUCTION = ('Work it out step by step, one movement per line as "a + b = c" or "a - b = c", '
                       'then end with only a JSON object of the form {"final_stock": <integer>}.')
-# The sampler's limit for a worked answer: for now the samplers' own cap (`sampling.MAX_NEW_TOKENS`, the
-# protocol's 64), which four movements' working fits; eight need the cap raised (issue 41, next step).
-WORKED_MAX_RESPONSE_TOKENS = 64
+# The sampler's limit for a worked answer: the solver's own worked answer to eight movements at OOD100
+# magnitudes takes at most 123 tokens with its end-of-sequence over 2,000 drawn chains (tests/test_worked.py
+# measures it), so 160 leaves a model room for a slip; the samplers allow up to `sampling.SAMPLER_TOKEN_LIMIT` (256).
+WORKED_MAX_RESPONSE_TOKENS = 160
 MAX_WORKING_CHARS = 400  # eight steps of "100 + 100 = 200" and their line breaks fit eight times over
 MAX_MOVEMENTS = 8
 

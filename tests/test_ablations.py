@@ -72,6 +72,9 @@ EXPECTED_DIFFERENCES = {
     "gspo": {"options.objective"},
     "cispo": {"options.objective", "options.clip_eps_high", "options.reduction"},
     **{f"{k}_beta_1": {"options.kl", "config.kl_coef"} for k in ("k1", "k2", "k3")},
+    **{f"{p}_sampler": {"options.sampler_weights"} for p in ("bf16", "fp8")},
+    **{f"{p}_trainer_old": {"options.sampler_weights", "options.logp_old_from"} for p in ("bf16", "fp8")},
+    **{f"{p}_tis": {"options.sampler_weights", "options.logp_old_from", "options.tis_cap"} for p in ("bf16", "fp8")},
 }
 
 
@@ -208,3 +211,18 @@ def test_the_committed_results_recollect_without_the_uncommitted_histories(tmp_p
             with pytest.raises(FileNotFoundError, match="holds no curves for other-folder"):
                 sweep.collect_results([spec_other], out)
             break
+
+
+def test_a_mismatched_sampler_is_logged_and_a_recomputed_logp_old_makes_the_first_ratio_one():
+    runs = ablations.load(names=ablations.MISMATCH_RUNS)
+    accounts = {name: ablations.mismatch_account(run) for name, run in runs.items()}
+    for p in ("bf16", "fp8"):
+        recomputed, recorded = accounts[f"{p}_trainer_old"], accounts[f"{p}_sampler"]
+        assert recomputed["first_ratio_min"] == recomputed["first_ratio_max"] == 1.0  # exactly: the same forward
+        assert recorded["first_ratio_min"] < 1.0 < recorded["first_ratio_max"]  # pi_trainer / pi_sampler
+        assert "tis_weight_mean" in accounts[f"{p}_tis"] and "tis_weight_mean" not in recomputed
+        assert all(0 < a["gap_mean"] < a["gap_max"] for a in (recomputed, recorded))
+    # the coarser copy disagrees more: e4m3's 3 mantissa bits against bfloat16's 8
+    assert accounts["fp8_sampler"]["gap_mean"] > 10 * accounts["bf16_sampler"]["gap_mean"]
+    with pytest.raises(ValueError, match="sampled with the trainer's own weights"):
+        ablations.mismatch_account(ablations.load(names=(ablations.PARTNER,))[ablations.PARTNER])

@@ -174,6 +174,20 @@ def test_the_curves_add_up_and_pair_up():
         assert curves[0]["true_counts"] == first["true_counts"]
 
 
+def test_every_checkpoint_answer_is_committed_and_rescores_to_its_counts():
+    # an outsider's check: the committed texts and the committed labels alone give the true counts
+    labels = {r["id"]: r for r in data.open_records("labels", "validation", "learning")}
+    for setting in oo.SETTINGS:
+        for c in oo.read_setting(setting.name)["curves"]:
+            D = c["draws"]
+            assert len(c["problem_ids"]) == c["problems"] and len(c["texts"]) == len(c["finish_reasons"]) == c["problems"] * D
+            undecodable = set(c["undecodable"])
+            counts = [sum(int(score(c["texts"][k * D + d], c["finish_reasons"][k * D + d], labels[pid]["problem"],
+                                    k * D + d not in undecodable).reward) for d in range(D))
+                      for k, pid in enumerate(c["problem_ids"])]
+            assert counts == c["true_counts"], (setting.name, c["iteration"])
+
+
 def _label(problem_id):
     return next(r["problem"] for r in data.open_records("labels", "validation", "learning") if r["id"] == problem_id)
 

@@ -119,3 +119,14 @@ def test_fresh_chains_have_k_movements_and_never_meet_the_protocols_problems():
     assert worked.fresh_chains(3, 5, seed=7) == worked.fresh_chains(3, 5, seed=7)  # seeded
     ood = worked.fresh_chains(4, 20, seed=7, high=100)
     assert max(max(abs(m) for m in c.movements) for c in ood) > 50
+
+
+def test_the_worked_limit_fits_eight_movements_and_the_samplers_allow_it():
+    from labkit import sampling
+    from labkit.task import OOD_MAX
+    from labkit.tokenizer import load_tiny_tokenizer
+
+    tokenizer = load_tiny_tokenizer()
+    longest = max(len(tokenizer.encode(worked.worked_text(c), add_special_tokens=False)) + 1  # + end-of-sequence
+                  for c in worked.fresh_chains(worked.MAX_MOVEMENTS, 2000, seed=7, high=OOD_MAX))
+    assert longest <= 128 and longest + 32 <= worked.WORKED_MAX_RESPONSE_TOKENS <= sampling.SAMPLER_TOKEN_LIMIT
