@@ -130,14 +130,20 @@ def _check_paired_table(page, dirs):
 
 
 @pytest.fixture(scope="module")
-def page():
-    """Both pages: the results page a student reads first, then the detail page it links to (one rendering)."""
-    summary, detail, _ = results_page._page(RUN)
+def rendered():
+    """(results page, detail page, figure) of the committed run: one rendering (it takes seconds) for the module."""
+    return results_page._page(RUN)
+
+
+@pytest.fixture(scope="module")
+def page(rendered):
+    """Both pages: the results page a student reads first, then the detail page it links to."""
+    summary, detail, _ = rendered
     return summary + detail
 
 
-def test_the_results_page_opens_with_one_figure_and_one_table_and_links_the_detail():
-    summary = results_page.render(RUN)
+def test_the_results_page_opens_with_one_figure_and_one_table_and_links_the_detail(rendered):
+    summary = rendered[0]  # = results_page.render(RUN)
     lines = [line for line in summary.splitlines() if line.strip()]
     first_content = next(i for i, line in enumerate(lines) if not line.startswith(("#", "```", "This page")))
     assert lines[first_content].startswith("![") and f"]({results_page.FIGURE})" in lines[first_content]
