@@ -399,6 +399,23 @@ FIRST_UPDATE_KEYS = ("ratio/min", "ratio/max", "ratio/mean", "clip_ratio/region_
 """what the results keep of a mismatched run's first update each iteration (its ratio is 1 without a mismatch)"""
 
 
+CURVE_KEYS = ("reward", "optimised_reward", "frac_reward_zero_std", "optimised/frac_reward_zero_std", "entropy",
+              "completions/mean_length", "kl", "clip_ratio/region_mean", "valid_json")
+"""the logged values every run keeps per iteration in the results file"""
+
+
+def curves_of(history: list[dict]) -> dict:
+    """A run's curves for the results file: CURVE_KEYS per iteration, and what a variant logged on top
+    (DAPO's dynamic sampling and overlong filtering; a mismatched sampler's gap and first-update ratios)."""
+    curves = {key: [h[key] for h in history] for key in CURVE_KEYS}
+    for key in ("dynamic_sampling", "overlong_filtered", "sampler_mismatch"):
+        if key in history[0]:
+            curves[key] = [h[key] for h in history]
+    if "sampler_mismatch" in history[0]:
+        curves["first_update"] = [{k: h["updates"][0][k] for k in FIRST_UPDATE_KEYS} for h in history]
+    return curves
+
+
 def collect_results(specs: list[dict], out: str | Path | None = None) -> dict:
     """Scoring phase: every run's evaluation (Wilson intervals, ID50/OOD100/ALL) and its curves."""
     from . import evaluate
@@ -412,19 +429,7 @@ def collect_results(specs: list[dict], out: str | Path | None = None) -> dict:
         folder = Path(spec["folder"])
         entry = {"folder": folder.name, "options": spec["options"], "start": spec.get("start", "warm_start")}
         if (folder / "history.json").is_file():
-            history = read_json(folder / "history.json")
-            entry["curves"] = {key: [h[key] for h in history] for key in
-                               ("reward", "optimised_reward", "frac_reward_zero_std", "optimised/frac_reward_zero_std",
-                                "entropy", "completions/mean_length", "kl", "clip_ratio/region_mean", "valid_json")}
-            # what DAPO's switches did, where a run used them (labkit.variants: dynamic sampling, overlong filtering)
-            for key in ("dynamic_sampling", "overlong_filtered"):
-                if key in history[0]:
-                    entry["curves"][key] = [h[key] for h in history]
-            # a sampler that differs from the trainer on purpose: the logged gap, and the first update's ratios
-            if "sampler_mismatch" in history[0]:
-                entry["curves"]["sampler_mismatch"] = [h["sampler_mismatch"] for h in history]
-                entry["curves"]["first_update"] = [{k: h["updates"][0][k] for k in FIRST_UPDATE_KEYS}
-                                                   for h in history]
+            entry["curves"] = curves_of(read_json(folder / "history.json"))
         elif earlier.get(spec["name"], {}).get("folder") == folder.name:
             entry["curves"] = earlier[spec["name"]]["curves"]
         else:

@@ -16,10 +16,10 @@ compared on the same chains and seeds (paired).
 
 from __future__ import annotations
 
-import hashlib
 from collections import Counter
 
 from . import sampling, worked
+from .runtime import hashed_seed
 from .worked import Chain
 
 ITEM = "boxes"
@@ -33,9 +33,8 @@ def worked_prompt_ids(tokenizer, chain: Chain, item: str = ITEM) -> list[int]:
 
 
 def draw_seed(seed: int, k: int, index: int, draw: int) -> int:
-    """The sampling seed of one (k, chain, draw): SHA-256 of its name, truncated to 62 bits."""
-    name = f"think/{seed}/{k}/{index}/{draw}".encode()
-    return int.from_bytes(hashlib.sha256(name).digest()[:8], "big") >> 2
+    """The sampling seed of one (k, chain, draw): `runtime.hashed_seed` of its name."""
+    return hashed_seed(f"think/{seed}/{k}/{index}/{draw}")
 
 
 def sample_worked(model, tokenizer, chains_by_k: dict[int, list[Chain]], draws: int, seed: int,
