@@ -97,6 +97,15 @@ STEPS = (
     # chapters 2-3: the policy-gradient identity and the gradient's noise at the warm start
     Step("gradient_study", "gradient_study", (*LEARNING_CODE, *ROLLOUT_CODE, "labkit/gradient_study.py", *DATA_FILES),
          ("warm_start/model.safetensors",)),
+    # chapter 11: bases that can work a problem out and rarely do, then GRPO on worked answers from each
+    Step("thinking", "thinking", (*LEARNING_CODE, "labkit/thinking_base.py", "labkit/worked.py",
+                                  "labkit/think_profile.py", "labkit/answer_phase.py", "labkit/corpus.py",
+                                  "labkit/pretrain.py", "labkit/assets/tiny/tokenizer.json"),
+         ("base/model.safetensors",), done_file="manifest.json"),
+    Step("reasoning", "reasoning", (*LEARNING_CODE, *ROLLOUT_CODE, "labkit/reasoning.py", "labkit/thinking_base.py",
+                                    "labkit/worked.py", "labkit/think_profile.py"),
+         tuple(f"thinking/{name}/manifest.json" for name in ("rare_0", "rare_2", "rare_10", "control")),
+         done_file="manifest.json"),
 )
 STEP_NAMES = tuple(s.name for s in STEPS)
 

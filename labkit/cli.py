@@ -436,6 +436,38 @@ def cmd_overoptimisation(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_thinking_bases(args: argparse.Namespace) -> int:
+    """Chapter 11's thinking bases (labkit.thinking_base): the skill, then working made rare; a control."""
+    from . import thinking_base
+    from .runs import read_json
+
+    only = tuple(args.only.split(",")) if args.only else None
+    times = thinking_base.run_all(args.preset, only=only, workers=args.workers, threads=args.threads,
+                                  progress=not args.no_progress)
+    for name in thinking_base.BASES:
+        if thinking_base.is_finished(name, args.preset):
+            s = read_json(thinking_base.default_run_dir(args.preset, name) / "manifest.json")["test_profile"]
+            seconds = f"{times[name]:6.0f} s" if name in times else "  (kept)"
+            print(f"{name:<9} {seconds}  thinks {s['think_rate']:6.1%}  right {s['accuracy']:6.1%}")
+    return 0
+
+
+def cmd_reasoning(args: argparse.Namespace) -> int:
+    """Chapter 11's GRPO runs on worked answers from each thinking base (labkit.reasoning)."""
+    from . import reasoning
+    from .runs import read_json
+
+    only = tuple(args.only.split(",")) if args.only else None
+    times = reasoning.run_all(args.preset, only=only, workers=args.workers, threads=args.threads,
+                              progress=not args.no_progress)
+    for name in reasoning.RUN_NAMES:
+        if reasoning.is_finished(name, args.preset):
+            s = read_json(reasoning.default_run_dir(args.preset, name) / "manifest.json")["test_profile"]
+            seconds = f"{times[name]:6.0f} s" if name in times else "  (kept)"
+            print(f"{name:<24} {seconds}  thinks {s['think_rate']:6.1%}  right {s['accuracy']:6.1%}")
+    return 0
+
+
 def cmd_sampler_agreement(args: argparse.Namespace) -> int:
     """Reference vs fast sampler on the warm start: greedy and seeded agreement, explained, timed."""
     import torch
@@ -461,7 +493,8 @@ def _add_sft_arguments(p: argparse.ArgumentParser) -> None:
 
 COMMAND_ORDER = ("data", "pretrain", "warm-start", "sft", "sft-resume-check", "grpo", "grpo-resume-check",
                  "sampler-agreement", "evaluate", "results-json", "group-size",  # the protocol, in order
-                 "grpo-large", "sweep", "gradient-study", "objective-cases", "reward-model", "format-base", "overoptimisation", "all", "smoke", "cache",
+                 "grpo-large", "sweep", "gradient-study", "objective-cases", "reward-model", "format-base", "overoptimisation",
+                 "thinking-bases", "reasoning", "all", "smoke", "cache",
                  "tune", "bench", "student")  # the tools
 
 
@@ -690,6 +723,18 @@ def _add_chapter10_commands(sub) -> None:
     p.add_argument("--preset", default="tiny", help="only 'tiny' (default: %(default)s)")
     common(p, "runs/tiny/format_base", "evaluate on the first N test problems per population")
     p.set_defaults(func=cmd_format_base)
+
+    for name, func, what in (("thinking-bases", cmd_thinking_bases, "chapter 11: bases that can work a problem out "
+                              "and rarely do (a skill phase, then working at 0%%, 2%%, 10%%; a control)"),
+                             ("reasoning", cmd_reasoning, "chapter 11: GRPO on worked answers from each thinking "
+                              "base (outcome, length-penalty and process rewards)")):
+        p = sub.add_parser(name, help=what)
+        p.add_argument("--preset", default="tiny", help="only 'tiny' (default: %(default)s)")
+        p.add_argument("--only", default=None, help="comma-separated names (default: every one not yet built)")
+        p.add_argument("--workers", type=int, default=2, help="runs at once, one process each (default: 2)")
+        p.add_argument("--threads", type=int, default=1, help="torch CPU threads per worker (default: 1)")
+        p.add_argument("--no-progress", action="store_true", help="no progress lines")
+        p.set_defaults(func=func)
 
 
 def _add_evaluation_commands(sub) -> None:

@@ -16,6 +16,8 @@
     grpo_large           python -m labkit grpo-large               grpo_large/     (tiny only, chapters 6-7)
     overoptimisation     python -m labkit overoptimisation         overoptimisation/ (tiny only, chapter 10)
     gradient_study       python -m labkit gradient-study           gradient_study/ (tiny only, chapters 2-3)
+    thinking             python -m labkit thinking-bases           thinking/       (tiny only, chapter 11)
+    reasoning            python -m labkit reasoning                reasoning/      (tiny only, chapter 11)
 
 A step whose output is finished is skipped (finished runs are evidence and are
 never overwritten); with `rebuild_stale`, a step that `labkit.cache` finds stale
@@ -32,7 +34,7 @@ import sys
 import time
 from pathlib import Path
 
-from . import cache, larger_run, overoptimisation
+from . import cache, larger_run, overoptimisation, reasoning, thinking_base
 from .runs import REPO_ROOT, is_finished, read_json, write_json
 
 
@@ -54,6 +56,8 @@ def _done(preset: str, step: str) -> bool:
         "grpo_large": lambda: larger_run.is_built(preset),
         "overoptimisation": lambda: overoptimisation.is_built(preset),
         "gradient_study": lambda: is_finished(root / "gradient_study"),
+        "thinking": lambda: thinking_base.is_built(preset),
+        "reasoning": lambda: reasoning.is_built(preset),
         "format_base": lambda: is_finished(root / "format_base") and is_finished(root / "format_base" / "evaluation"
                                                                                   / "format_base"),
     }
@@ -83,6 +87,8 @@ def _commands(preset: str, device: str | None, threads: int | None) -> list[tupl
         # CPU only, two worker processes of one thread each (its runs are recorded with that count)
         steps.append(("overoptimisation", ["overoptimisation", "--preset", preset, "--workers", "2", "--no-progress"]))
         steps.append(("gradient_study", ["gradient-study", "--preset", preset, "--no-progress"]))
+        steps.append(("thinking", ["thinking-bases", "--preset", preset, "--workers", "2", "--no-progress"]))
+        steps.append(("reasoning", ["reasoning", "--preset", preset, "--workers", "2", "--no-progress"]))
     return steps
 
 
@@ -90,7 +96,8 @@ def _commands(preset: str, device: str | None, threads: int | None) -> list[tupl
 CACHE_STEP = {"base": "base", "warm_start": "warm_start", "sft": "sft", "grpo": "grpo",
               "evaluation": "evaluation", "group_size": "group_size", "reward_model": "reward_model",
               "format_base": "format_base", "grpo_large": "grpo_large",
-              "overoptimisation": "overoptimisation", "gradient_study": "gradient_study"}
+              "overoptimisation": "overoptimisation", "gradient_study": "gradient_study",
+              "thinking": "thinking", "reasoning": "reasoning"}
 
 
 def move_stale_aside(preset: str, only: tuple[str, ...] | None = None) -> list[tuple[str, Path]]:

@@ -236,20 +236,9 @@ def fresh_chains(k: int, count: int, seed: int, high: int = ID_MAX, exclude: fro
     rng = random.Random(f"worked-chains/{seed}/{k}/{high}")
     out, seen = [], set()
     for _ in range(1000 * count):
-        initial = rng.randint(0, high)
-        stock, moves = initial, []
-        for _ in range(k):
-            amount = rng.randint(1, high)  # no 0: a movement of 0 would blur delivery and withdrawal in the key
-            sign = rng.choice((1, -1)) if amount <= stock else 1
-            if stock + sign * amount > TARGET_MAX:
-                sign = -1 if amount <= stock else 1
-            if not 0 <= stock + sign * amount <= TARGET_MAX:
-                break
-            moves.append(sign * amount)
-            stock += sign * amount
-        if len(moves) != k:
+        chain = random_chain(rng, k, high)
+        if chain is None:
             continue
-        chain = Chain(initial, tuple(moves))  # validated on construction
         key = chain_key(chain)
         if key in seen or key in exclude:
             continue
@@ -258,6 +247,23 @@ def fresh_chains(k: int, count: int, seed: int, high: int = ID_MAX, exclude: fro
         if len(out) == count:
             return out
     raise ValueError(f"could not draw {count} distinct chains of {k} movements below {high}")
+
+
+def random_chain(rng: random.Random, k: int, high: int) -> Chain | None:
+    """One draw of a chain of k movements with operands in 0..high (each movement 1..high, its sign drawn
+    where the stock allows), or None when a stock level would leave 0..TARGET_MAX (draw again)."""
+    initial = rng.randint(0, high)
+    stock, moves = initial, []
+    for _ in range(k):
+        amount = rng.randint(1, high)  # no 0: a movement of 0 would blur delivery and withdrawal in the key
+        sign = rng.choice((1, -1)) if amount <= stock else 1
+        if stock + sign * amount > TARGET_MAX:
+            sign = -1 if amount <= stock else 1
+        if not 0 <= stock + sign * amount <= TARGET_MAX:
+            return None
+        moves.append(sign * amount)
+        stock += sign * amount
+    return Chain(initial, tuple(moves))  # validated on construction
 
 
 def chain_key(chain: Chain) -> tuple:
