@@ -210,8 +210,10 @@ def measure(model, tokenizer, chains: dict[int, list[worked.Chain]], draws: int,
     return summary, rows
 
 
-def train_phase(model, tokenizer, cfg: ThinkingBaseConfig, phase: Phase, index: int, progress: bool = True) -> dict:
-    """Continue pretraining `model` in place through one phase; returns {"log", "counts", "steps"}."""
+def train_phase(model, tokenizer, cfg: ThinkingBaseConfig, phase: Phase, index: int, progress: bool = True,
+                watch: Path | None = None) -> dict:
+    """Continue pretraining `model` in place through one phase; returns {"log", "counts", "steps"}.
+    watch: a file that gets each log line as it comes (to follow a run in a worker process)."""
     from tqdm import tqdm
 
     optimizer = torch.optim.AdamW(model.parameters(), lr=phase.peak_lr, betas=(cfg.beta1, cfg.beta2),
@@ -221,7 +223,15 @@ def train_phase(model, tokenizer, cfg: ThinkingBaseConfig, phase: Phase, index: 
     validation = held_out_chains(VALIDATION_SEED, MEASURE_CHAINS_PER_K)
     model.eval()  # no dropout, as every phase of the lab (labkit.format_base says why)
     log, window = [], []
-    log.append({"kind": "measure", "step": 0, **measure(model, tokenizer, validation, 2, VALIDATION_SEED)[0]})
+
+    def logged(row: dict) -> dict:
+        log.append(row)
+        if watch is not None:
+            with open(watch, "a") as f:
+                f.write(json.dumps(row) + "\n")
+        return row
+
+    logged({"kind": "measure", "step": 0, **measure(model, tokenizer, validation, 2, VALIDATION_SEED)[0]})
     bar = tqdm(range(phase.steps), desc=f"thinking base {phase.name}", disable=not progress, mininterval=5)
     for step in bar:
         batch = batch_tensors([next(rows) for _ in range(cfg.rows_per_step)], cfg.row_tokens, tokenizer.pad_token_id)
@@ -231,11 +241,10 @@ def train_phase(model, tokenizer, cfg: ThinkingBaseConfig, phase: Phase, index: 
         window.append(loss)
         done = step + 1
         if done % 50 == 0:
-            log.append({"kind": "train", "step": done, "loss": sum(window) / len(window), "lr": lr})
+            logged({"kind": "train", "step": done, "loss": sum(window) / len(window), "lr": lr})
             window = []
         if done % cfg.measure_every == 0 or done == phase.steps:
-            row = {"kind": "measure", "step": done, **measure(model, tokenizer, validation, 2, VALIDATION_SEED)[0]}
-            log.append(row)
+            row = logged({"kind": "measure", "step": done, **measure(model, tokenizer, validation, 2, VALIDATION_SEED)[0]})
             bar.set_postfix(think=f"{row['think_rate']:.2f}", acc=f"{row['accuracy']:.2f}")
     bar.close()
     return {"log": log, "steps": phase.steps, "counts": dict(stream.counts)}
@@ -265,18 +274,19 @@ def build_base(name: str, preset: str = "tiny", cfg: ThinkingBaseConfig | None =
     index = [p.name for p in cfg.phases].index(name)
     source = start_file(preset, phase)
     folder = RunFolder(default_run_dir(preset, name)).open_for_writing(overwrite)
-    folder.clear((MODEL_FILE, "log.json", "profile.json.gz", "manifest.json"))
+    folder.clear((MODEL_FILE, "log.json", "log.partial.jsonl", "profile.json.gz", "manifest.json"))
     began = time.perf_counter()
     seed_everything(cfg.seed + index)
     model, tokenizer = models.load(preset, state=source)
     start_digest = models.parameter_digest(model)
     with deterministic("cpu", warn_only=True):
-        result = train_phase(model, tokenizer, cfg, phase, index, progress)
+        result = train_phase(model, tokenizer, cfg, phase, index, progress, watch=folder / "log.partial.jsonl")
         trained = time.perf_counter() - began
         summary, rows = measure(model, tokenizer, held_out_chains(TEST_SEED, PROFILE_CHAINS_PER_K),
                                 cfg.profile_draws, TEST_SEED)
     models.save_model(model, folder / MODEL_FILE)
     write_json(folder / "log.json", result["log"])
+    (folder / "log.partial.jsonl").unlink(missing_ok=True)
     atomic_write_bytes(folder / "profile.json.gz", gzip.compress(json.dumps(
         {"summary": summary, "table": think_profile.profile(rows), "rows": rows}, sort_keys=True).encode(), mtime=0))
     manifest = {
