@@ -23,7 +23,9 @@ Its modules sit on eight floors; each imports only from its own floor and the fl
                    overoptimisation_summary, sweep (chapter 9's variants), tuning (the tiny rates),
                    gradient_study (the policy-gradient identity, the gradient's noise: chapters 2-3),
                    ablations (one piece of GRPO removed per run, compared in pairs: chapters 3-8),
-                   kl_gradients (the KL estimators as losses, against the exact KL's gradient)
+                   kl_gradients (the KL estimators as losses, against the exact KL's gradient),
+                   think_profile, thinking_base and reasoning (chapter 11: the think profile, bases
+                   that can work a problem out and rarely do, GRPO on worked answers from each)
     8 book:        plots, plots_results, plots_ablations, knobs, narrative, results_page, student, book,
                    exercises (their checkers, and the predict-then-run reveals),
                    bench, smoke, pipeline, cli

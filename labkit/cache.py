@@ -103,7 +103,8 @@ STEPS = (
                                   "labkit/pretrain.py", "labkit/assets/tiny/tokenizer.json"),
          ("base/model.safetensors",), done_file="manifest.json"),
     Step("reasoning", "reasoning", (*LEARNING_CODE, *ROLLOUT_CODE, "labkit/reasoning.py", "labkit/thinking_base.py",
-                                    "labkit/worked.py", "labkit/think_profile.py"),
+                                    "labkit/worked.py", "labkit/think_profile.py", "labkit/answer_phase.py",
+                                    "labkit/corpus.py", "labkit/pretrain.py", "labkit/assets/tiny/tokenizer.json"),
          tuple(f"thinking/{name}/manifest.json" for name in ("rare_0", "rare_2", "rare_10", "control")),
          done_file="manifest.json"),
 )

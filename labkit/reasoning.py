@@ -4,7 +4,7 @@
 
 Each run is GRPO through the lab's own loop (`labkit.grpo`: its `Loop`, its advantages, its update
 with the clipped surrogate, the exact per-prefix KL to the frozen start and the pre-update check,
-shared-prompt scoring, the variants' length penalty), on the worked variant of the task
+the variants' length penalty), on the worked variant of the task
 (`labkit.worked`): the prompts are chains of k = 1 ... 8 movements (GRPO's pool:
 `thinking_base.TRAIN_SEED`, 100 chains per k), a response may work before it answers, and it is
 scored by `worked.score_worked`.  What differs from the protocol's loop is only what a worked
@@ -41,10 +41,11 @@ from pathlib import Path
 
 import torch
 
-from . import grpo, models, sampling, think_profile, thinking_base, worked
+from . import grpo, models, sampling, scoring, think_profile, thinking_base, worked
 from .config import TINY
 from .runs import REPO_ROOT, RunFolder, sha256_file, atomic_write_bytes, preset_folder, read_json, write_json
 from .runtime import code_digests, deterministic, environment, seed_everything
+from .schedule import warmup_linear_decay
 from .variants import Variant
 
 MODEL_FILE = "model.safetensors"
@@ -152,7 +153,7 @@ def new_loop(run: ReasoningRun, cfg: ReasoningConfig, start: Path) -> grpo.Loop:
         order=grpo.PromptOrder(len(pool), config.seed + grpo.PROMPT_ORDER_SEED_OFFSET),
         generation=torch.Generator().manual_seed(config.seed + grpo.GENERATION_SEED_OFFSET),
         identity=identity, total_updates=cfg.iterations * config.updates_per_iteration, reference_digest=digest,
-        variant=variant, updates_per_iteration=config.updates_per_iteration, shared_prompts=True)
+        variant=variant, updates_per_iteration=config.updates_per_iteration)
 
 
 def sample_iteration(loop: grpo.Loop, iteration: int, reward) -> grpo.Sampled:
@@ -175,6 +176,41 @@ def sample_iteration(loop: grpo.Loop, iteration: int, reward) -> grpo.Sampled:
     optimised = loop.resolved.optimised_reward(groups, loop)  # (P, G): the run's reward, minus any length penalty
     return grpo.Sampled(chosen=chosen, groups=groups, optimised=optimised,
                         advantages=grpo.advantages_of(loop, optimised), seconds=time.perf_counter() - t0)
+
+
+# The rows' limits: the worked response limit, a prompt as the protocol's (the worked prompt is about 100 tokens).
+WORKED_LIMITS = (scoring.MAX_PROMPT_TOKENS, worked.WORKED_MAX_RESPONSE_TOKENS,
+                 scoring.MAX_PROMPT_TOKENS + worked.WORKED_MAX_RESPONSE_TOKENS)
+
+
+def update_iteration(loop: grpo.Loop, s: grpo.Sampled) -> tuple[list[dict], dict]:
+    """Stages 4-5 of the loop with the worked answers' row limit: one batch, one reference forward, the
+    loop's `grpo.grpo_update` (the clipped surrogate and the exact KL) `updates_per_iteration` times,
+    the pre-update check on the first update's own forward.  (`grpo.update_iteration` builds its batch
+    at the protocol's 64-token limit, which a worked answer of eight steps passes; the loop will take
+    the limit from its config at the next whole rebuild of the cache, and this function goes.)"""
+    config, rollouts, check = loop.config, s.rollouts, {}
+
+    def pre_update_check(logp_cur: torch.Tensor) -> None:
+        t = time.perf_counter()
+        check.update(sampling.compare_with_recorded(logp_cur, rollouts, tol=config.logprob_check_tol))
+        check["seconds"] = time.perf_counter() - t
+
+    batch = scoring.make_batch([r.prompt_ids for r in rollouts], [r.response_ids for r in rollouts],
+                               pad_id=loop.tokenizer.pad_token_id, limits=WORKED_LIMITS)
+    old = grpo.padded([r.old_logprobs for r in rollouts], batch.response_mask.shape[1])
+    reference = grpo.reference_scores(loop.reference, batch)
+    updates = []
+    for k in range(loop.updates_per_iteration):
+        lr = warmup_linear_decay(loop.next_update, loop.total_updates, config.grpo_lr, config.warmup_fraction,
+                                 config.final_lr_fraction)
+        updates.append(grpo.grpo_update(loop.model, loop.optimizer, batch, old, s.advantages, reference, lr,
+                                        group_size=loop.G, config=config,
+                                        before_step=pre_update_check if k == 0 else None,
+                                        variant=loop.variant, resolved=loop.resolved))
+        loop.next_update += 1
+    loop.consumed += [r.rollout_id for r in rollouts]
+    return updates, check
 
 
 def rollout_rows(s: grpo.Sampled, iteration: int) -> list[dict]:
@@ -246,7 +282,7 @@ def train(name: str, preset: str = "tiny", cfg: ReasoningConfig | None = None, *
             t0 = time.perf_counter()
             s = sample_iteration(loop, it + 1, reward)
             t1 = time.perf_counter()
-            updates, check = grpo.update_iteration(loop, s)
+            updates, check = update_iteration(loop, s)
             rows = rollout_rows(s, it + 1)
             record = iteration_record(rows, updates, check, it + 1,
                                       {"sampling": s.seconds, "update": time.perf_counter() - t1,

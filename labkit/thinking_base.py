@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import math
 import random
 import time
 from dataclasses import asdict, dataclass, field
@@ -86,10 +87,11 @@ class ThinkingBaseConfig:
     """share of documents in the worked prompt (working or direct, as the phase says)"""
     sums_share: float = 0.25
     """share of documents of single steps in the working's layout"""
-    rows_per_step: int = 12
-    """packed rows per update"""
-    row_tokens: int = 256
-    """tokens per packed row (the longest worked document, eight steps at OOD magnitudes, is about 200)"""
+    rows_per_step: int = 8
+    """packed rows per update (8 x 384 = 3,072 token slots)"""
+    row_tokens: int = 384
+    """tokens per packed row: more than the longest document (a worked answer to eight movements at OOD
+    magnitudes, with its prompt, takes up to about 260), which `pretrain.pack_rows` could never place"""
     warmup_steps: int = 50
     weight_decay: float = 0.01
     beta1: float = 0.9
@@ -197,6 +199,14 @@ def document_tokens(tokenizer, doc: corpus_mod.Document) -> tuple[list[int], lis
     return batch["input_ids"][0].tolist(), batch["labels"][0].tolist()
 
 
+def fitting(doc: tuple[list[int], list[int]], row_tokens: int) -> tuple[list[int], list[int]]:
+    """The document, refused when longer than a row: `pretrain.pack_rows` would keep it waiting forever,
+    and once its look-ahead held only such documents every row would be empty (a loss of 0 / 0)."""
+    if len(doc[0]) > row_tokens:
+        raise ValueError(f"a document of {len(doc[0])} tokens does not fit a row of row_tokens={row_tokens}")
+    return doc
+
+
 def measure(model, tokenizer, chains: dict[int, list[worked.Chain]], draws: int, seed: int) -> tuple[dict, list[dict]]:
     """(summary, rows): the think profile at temperature 1, and the share of written steps that are right."""
     rows = think_profile.sample_worked(model, tokenizer, chains, draws=draws, seed=seed)
@@ -219,7 +229,8 @@ def train_phase(model, tokenizer, cfg: ThinkingBaseConfig, phase: Phase, index: 
     optimizer = torch.optim.AdamW(model.parameters(), lr=phase.peak_lr, betas=(cfg.beta1, cfg.beta2),
                                   weight_decay=cfg.weight_decay)
     stream = DocumentStream(cfg, phase, cfg.seed + index, corpus_mod.dataset_keys() | held_out_keys())
-    rows = pack_rows((document_tokens(tokenizer, stream.next()) for _ in iter(int, 1)), cfg.row_tokens)
+    rows = pack_rows((fitting(document_tokens(tokenizer, stream.next()), cfg.row_tokens) for _ in iter(int, 1)),
+                     cfg.row_tokens)
     validation = held_out_chains(VALIDATION_SEED, MEASURE_CHAINS_PER_K)
     model.eval()  # no dropout, as every phase of the lab (labkit.format_base says why)
     log, window = [], []
@@ -238,6 +249,8 @@ def train_phase(model, tokenizer, cfg: ThinkingBaseConfig, phase: Phase, index: 
         lr = warmup_cosine(step, phase.steps, cfg.warmup_steps, phase.peak_lr,
                            floor_fraction=phase.final_lr / phase.peak_lr)
         loss, _ = lm_update(model, optimizer, batch, lr, cfg.grad_clip)
+        if not math.isfinite(loss):
+            raise FloatingPointError(f"thinking base {phase.name}: loss {loss} at update {step + 1}; nothing saved")
         window.append(loss)
         done = step + 1
         if done % 50 == 0:

@@ -11,7 +11,7 @@ def _verdicts(stale: set[str]) -> dict:
 
 @pytest.mark.parametrize("stale, expected", [
     ({"base"}, ["base", "warm_start", "sft", "grpo", "evaluation", "group_size", "reward_model", "format_base",
-                "grpo_large", "overoptimisation", "gradient_study"]),
+                "grpo_large", "overoptimisation", "gradient_study", "thinking", "reasoning"]),
     ({"warm_start"}, ["warm_start", "sft", "grpo", "evaluation", "group_size", "reward_model", "grpo_large",
                       "overoptimisation", "gradient_study"]),
     ({"grpo_large"}, ["grpo_large"]),
@@ -23,6 +23,8 @@ def _verdicts(stale: set[str]) -> dict:
     ({"evaluation"}, ["evaluation", "group_size"]),
     ({"group_size"}, ["group_size"]),
     ({"gradient_study"}, ["gradient_study"]),
+    ({"thinking"}, ["thinking", "reasoning"]),
+    ({"reasoning"}, ["reasoning"]),
     (set(), []),
 ])
 def test_a_rebuilt_step_takes_everything_downstream_with_it(stale, expected):

@@ -22,7 +22,7 @@ FLOORS = (
     ("evaluation", ("evaluate", "paired", "agreement", "difficulty", "baselines", "checkpoint_curves")),
     ("learning", ("corpus", "answer_phase", "pretrain", "format_base", "sft", "grpo")),
     ("studies", ("group_size", "larger_run", "reward_model", "overoptimisation", "overoptimisation_summary",
-                 "sweep", "tuning", "gradient_study", "ablations", "kl_gradients", "think_profile")),
+                 "sweep", "tuning", "gradient_study", "ablations", "kl_gradients", "think_profile", "thinking_base", "reasoning")),
     ("book", ("plots", "plots_results", "plots_ablations", "knobs", "narrative", "results_page", "student", "book", "exercises",
               "bench", "smoke", "pipeline", "cli", "__main__")),
 )
