@@ -132,9 +132,15 @@ def preset_config(cfg: ReasoningConfig):
 
 
 def chain_pool(per_k: int) -> list[dict]:
-    """GRPO's prompts: {"id", "k", "chain"} for `per_k` held-out train chains of each k."""
+    """GRPO's prompts: {"id", "k", "chain"} for the held-out train chains of each k (`per_k` drawn, none in
+    any base's documents), less any that shares its permutation key with a validation or test chain (one
+    k = 1 chain of the 800 is a validation chain's): RL never trains on a problem it is measured on."""
+    measured = {worked.chain_key(c) for seed, n in ((thinking_base.VALIDATION_SEED, thinking_base.MEASURE_CHAINS_PER_K),
+                                                    (thinking_base.TEST_SEED, thinking_base.PROFILE_CHAINS_PER_K))
+                for chains in thinking_base.held_out_chains(seed, n).values() for c in chains}
     chains = thinking_base.held_out_chains(thinking_base.TRAIN_SEED, per_k)
-    return [{"id": f"k{k}-{i:03d}", "k": k, "chain": c} for k in sorted(chains) for i, c in enumerate(chains[k])]
+    return [{"id": f"k{k}-{i:03d}", "k": k, "chain": c} for k in sorted(chains) for i, c in enumerate(chains[k])
+            if worked.chain_key(c) not in measured]
 
 
 def new_loop(run: ReasoningRun, cfg: ReasoningConfig, start: Path) -> grpo.Loop:
