@@ -19,6 +19,10 @@ and the reward the run optimises (`REWARDS`):
 
 The true reward (`reward`, the outcome) is recorded for every response whatever the run optimises.
 
+Each run is 40 iterations of 16 chains x G = 8 at rate 1e-4 (`ReasoningConfig`): chapter 10's format
+base went from 7.5% to 99.4% valid answers under a smaller budget, so selecting a behaviour a base
+shows a few times in a hundred needs no more; it stays within the 45 CPU minutes a run may take.
+
 Per iteration the history logs the share of responses that think, their mean length, the true
 accuracy, and both per k; every `measure_every` iterations the policy's think profile on the fixed
 validation chains (the checkpoint curve).  At the end, the policy's profile on the test chains
@@ -97,7 +101,7 @@ class ReasoningConfig:
 
     prompts_per_iteration: int = 16
     G: int = 8
-    iterations: int = 60
+    iterations: int = 40
     lr: float = 1e-4
     measure_every: int = 10
     """iterations between two think profiles on the validation chains (and one before the first)"""
@@ -269,8 +273,8 @@ def train(name: str, preset: str = "tiny", cfg: ReasoningConfig | None = None, *
     base_folder.check_file(thinking_base.MODEL_FILE)
     start = base_folder / thinking_base.MODEL_FILE
     folder = RunFolder(default_run_dir(preset, name)).open_for_writing(overwrite)
-    folder.clear((MODEL_FILE, "history.json", "rollouts.jsonl.gz", "checkpoints.json", "profile.json.gz",
-                  "manifest.json"))
+    folder.clear((MODEL_FILE, "history.json", "history.partial.jsonl", "rollouts.jsonl.gz", "checkpoints.json",
+                  "profile.json.gz", "manifest.json"))
     began = time.perf_counter()
     with deterministic("cpu", warn_only=True):
         loop = new_loop(run, cfg, start)
@@ -295,6 +299,8 @@ def train(name: str, preset: str = "tiny", cfg: ReasoningConfig | None = None, *
                                        "iteration": time.perf_counter() - t0})
             loop.history.append(record)
             all_rows += rows
+            with open(folder / "history.partial.jsonl", "a") as f:  # to follow a run in a worker process
+                f.write(json.dumps(record) + "\n")
             bar.set_postfix(think=f"{record['think_rate']:.2f}", acc=f"{record['accuracy']:.2f}",
                             tokens=f"{record['mean_tokens']:.0f}")
             if (it + 1) % cfg.measure_every == 0 or it + 1 == cfg.iterations:
@@ -307,6 +313,7 @@ def train(name: str, preset: str = "tiny", cfg: ReasoningConfig | None = None, *
             cfg.profile_draws, thinking_base.TEST_SEED)
     models.save_model(loop.model, folder / MODEL_FILE)
     write_json(folder / "history.json", loop.history)
+    (folder / "history.partial.jsonl").unlink(missing_ok=True)
     write_json(folder / "checkpoints.json", checkpoints)
     atomic_write_bytes(folder / "rollouts.jsonl.gz", gzip.compress(
         "".join(json.dumps(r, sort_keys=True) + "\n" for r in all_rows).encode(), mtime=0))
