@@ -28,7 +28,7 @@ def module_source(name: str) -> str:
 
 def test_the_old_single_module_is_gone_and_every_chapter_has_its_module():
     assert not (ROOT / "labkit" / "exercises.py").exists(), "labkit/exercises.py would shadow nothing but confuse"
-    assert CHAPTERS == [f"ch{n:02d}" for n in range(1, 11)]
+    assert CHAPTERS == [f"ch{n:02d}" for n in range(1, 12)]
     modules = sorted(p.stem for p in PACKAGE.glob("*.py"))
     assert modules == sorted(["__init__", HELPER, PREDICT, REVEAL, *CHAPTERS])
 

@@ -22,9 +22,9 @@ FLOORS = (
     ("evaluation", ("evaluate", "paired", "agreement", "difficulty", "baselines", "checkpoint_curves")),
     ("learning", ("corpus", "answer_phase", "pretrain", "format_base", "sft", "grpo")),
     ("studies", ("group_size", "larger_run", "reward_model", "overoptimisation", "overoptimisation_summary",
-                 "sweep", "tuning", "gradient_study", "ablations", "kl_gradients", "think_profile", "thinking_base", "reasoning")),
+                 "sweep", "tuning", "gradient_study", "ablations", "kl_gradients", "think_profile", "thinking_base", "reasoning", "reasoning_report")),
     ("book", ("plots", "plots_results", "plots_ablations", "knobs", "narrative", "results_page", "student", "book", "exercises",
-              "bench", "smoke", "pipeline", "cli", "__main__")),
+              "bench", "smoke", "pipeline", "cli", "__main__", "plots_reasoning")),
 )
 FLOOR_OF = {module: i for i, (_, modules) in enumerate(FLOORS) for module in modules}
 

@@ -23,6 +23,12 @@ alternating within a repeat so that a change in the machine's load hits them ali
    sampler with shared scoring (`grpo --sampler static --scoring shared`), split into
    generation, reference forward, updates, pre-update check and bookkeeping.
 
+5. A worked-answer iteration (chapter 11): the thinking base "skill" (`labkit.thinking_base`,
+   local: `make cache` builds it) answers 16 worked prompts x G = 8 at up to 160 new tokens; the
+   static sampler against `generate()` and the fast sampler, the arithmetic floor at that context,
+   and one iteration of `labkit.reasoning` split into sampling and updates.  Skipped, said so,
+   where the base is not built.
+
     python -m labkit bench grpo [--threads 1] [--repeats 3] [--quick]
 
 `--quick` is the smoke `make test` runs: 8 new tokens, one repeat, G = 4 only.  Its numbers
@@ -261,6 +267,58 @@ def bench_iteration(max_new_tokens: int, start_file: Path) -> dict:
     return out
 
 
+def bench_worked(repeats: int) -> dict | None:
+    """Section 5: worked answers (40 tokens and more) from the skill base: the samplers, the floor, one iteration."""
+    from .. import reasoning, thinking_base, worked
+
+    skill = thinking_base.default_run_dir("tiny", "skill") / thinking_base.MODEL_FILE
+    if not skill.is_file():
+        print(f"\n[5] worked answers: skipped, {skill.relative_to(models.REPO_ROOT)} is not built "
+              "(`python -m labkit thinking-bases` or `make cache`)")
+        return None
+    cfg = reasoning.ReasoningConfig()
+    loop = reasoning.new_loop(reasoning.ReasoningRun("bench", "rare_2"), cfg, skill)
+    model, tokenizer, G = loop.model, loop.tokenizer, loop.G
+    chosen, seeds = grpo.draw_prompts(loop)
+    rows = [loop.prompts[p["id"]] for p in chosen for _ in range(G)]
+    limit = worked.WORKED_MAX_RESPONSE_TOKENS
+    common = dict(max_new_tokens=limit, policy_digest=models.parameter_digest(model))
+    methods = {"fast": lambda: sampling.sample_fast(model, tokenizer, rows, seeds, **common),
+               "static": lambda: sample_static(model, tokenizer, rows, seeds, **common),
+               "generate()": lambda: generate_rows(model, tokenizer, rows, False, limit)}
+    for fn in methods.values():
+        fn()
+    seconds, results = best_of(methods, repeats)
+    tokens = sum(len(r.response_ids) for r in results["fast"])
+    context = sum(map(len, rows)) // len(rows) + tokens // len(rows)
+    macs = multiply_adds_per_token(model, context)
+    print(f"\n[5] worked answers from the skill base: {len(rows)} rollouts, {tokens} tokens "
+          f"({tokens / len(rows):.0f} a response, {sum(len(r.response_ids) >= 40 for r in results['fast'])} of "
+          f"{len(rows)} at 40 or more)")
+    for name, s in seconds.items():
+        print(f"    {name:<11} {s:8.3f} s   {tokens / s:8.0f} tokens/s")
+    print(f"    static is {seconds['generate()'] / seconds['static']:.2f}x generate(), "
+          f"{seconds['fast'] / seconds['static']:.2f}x the fast sampler; "
+          f"{sum(f.response_ids == t.response_ids for f, t in zip(results['fast'], results['static']))}/{len(rows)} "
+          "rollouts token-identical to the fast sampler's")
+    a, b = torch.randn(1024, 1024), torch.randn(1024, 1024)
+    start = time.perf_counter()
+    a @ b
+    peak = 2 * 1024 ** 3 / (time.perf_counter() - start)
+    floor = 2 * macs * tokens / peak
+    print(f"    the floor: {2 * macs / 1e6:.2f} MFLOP a token at a {context}-token context; the arithmetic of "
+          f"these tokens at this machine's matmul rate takes {floor * 1e3:.1f} ms, the static sampler "
+          f"{seconds['static'] / floor:.0f}x that")
+    start = time.perf_counter()
+    sampled = reasoning.sample_iteration(loop, 1, reasoning.REWARDS["outcome"])
+    middle = time.perf_counter()
+    reasoning.update_iteration(loop, sampled)
+    total = time.perf_counter() - start
+    print(f"    one worked iteration (labkit.reasoning, {reasoning.SAMPLER} sampler): {total:.2f} s, sampling "
+          f"{sampled.seconds:.2f} s ({sampled.seconds / total:.0%}), updates {total - (middle - start):.2f} s")
+    return {"seconds": seconds, "tokens": tokens, "floor_s": floor, "iteration_s": total, "sampling_s": sampled.seconds}
+
+
 def run(argv: list[str] | None = None) -> dict:
     """Parse the options, run the four sections (printing as they go) and return their figures."""
     parser = argparse.ArgumentParser(prog="python -m labkit bench grpo", description=__doc__.splitlines()[0])
@@ -285,6 +343,7 @@ def run(argv: list[str] | None = None) -> dict:
               "updates": bench_updates(model, tokenizer, (4,) if args.quick else (4, 8), max_new_tokens, repeats)}
     start_file = WARM_START if WARM_START.is_file() else models.TINY_BASE_STATE
     report["iteration"] = bench_iteration(max_new_tokens, start_file)
+    report["worked"] = None if args.quick else bench_worked(repeats)
     return report
 
 

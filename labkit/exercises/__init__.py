@@ -1,4 +1,4 @@
-"""Exercise checkers: one module per chapter (`ch01` ... `ch10`), in chapter order.
+"""Exercise checkers: one module per chapter (`ch01` ... `ch11`), in chapter order.
 
 Each checker takes the student's function or answer, compares it with the
 lab's own, and raises `ExerciseError` with a message that says what is wrong
@@ -28,8 +28,9 @@ from .ch08 import (CH08_ADVANTAGE_SIGNATURE, CH08_CASES, CH08_MIXED_CASES, check
 from .ch09 import CH09_HINTS, CH09_RATIO_HINTS, CH09_ROLES, check_ch09_one_update_run, check_ch09_ratio_stays_one
 from .ch09 import _ch09_cases, _ch09_history  # noqa: F401  (private, but tests/test_exercises_ch09.py builds the cases)
 from .ch10 import CH10_CASES, CH10_HINTS, check_ch10_carries
+from .ch11 import CH11_CASES, CH11_HINTS, check_ch11_process_reward
 from .predict import check_prediction
-from .reveal import (reveal_baseline, reveal_clip, reveal_identity, reveal_leash, reveal_separable, reveal_seeds,
+from .reveal import (RARE_ZERO_CHOICES, reveal_rare_zero, reveal_baseline, reveal_clip, reveal_identity, reveal_leash, reveal_separable, reveal_seeds,
                      reveal_split)
 
 __all__ = [
@@ -78,4 +79,9 @@ __all__ = [
     "CH10_CASES",
     "CH10_HINTS",
     "check_ch10_carries",
+    "CH11_CASES",
+    "CH11_HINTS",
+    "check_ch11_process_reward",
+    "RARE_ZERO_CHOICES",
+    "reveal_rare_zero",
 ]

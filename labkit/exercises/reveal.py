@@ -8,7 +8,8 @@ study), prints the measurement with its paired tests, compares the student's pre
 
 from __future__ import annotations
 
-from .. import ablations, paired
+from .. import ablations, paired, reasoning_report, thinking_base
+from ..runs import RunFolder
 from .predict import check_prediction
 
 
@@ -209,3 +210,29 @@ def reveal_split(prediction, preset: str = "tiny") -> dict:
         f"the run's mean success p = {p_mean:.2f} that is {uniform:.2f}; measured {measured:.2f}, "
         + ("higher, because its prompts are solved at different rates (an easy prompt's pair agrees more often)"
            if measured > uniform else "not above it") + tested + "."))
+
+
+RARE_ZERO_CHOICES = ("stays below 1%", "rises, but stays under 20%", "reaches 20% or more")
+
+
+def rare_zero_outcome(think_rate: float) -> str:
+    return RARE_ZERO_CHOICES[0] if think_rate < 0.01 else RARE_ZERO_CHOICES[1] if think_rate < 0.2 else RARE_ZERO_CHOICES[2]
+
+
+def reveal_rare_zero(prediction, preset: str = "tiny") -> dict:
+    """Chapter 11: GRPO from the base whose second phase never showed working: does the think rate rise?"""
+    ba = reasoning_report.before_after("from_rare_0", preset)
+    before, after = ba["before"]["think_rate"], ba["after"]["think_rate"]
+    history = reasoning_report.run_history("from_rare_0", preset)
+    first = next((line["iteration"] for line in history if line["think_rate"] > 0), None)
+    print(f"The base rare_0 thinks in {before:.1%} of its {ba['before']['responses']} test answers; after "
+          f"{len(history)} GRPO iterations, {after:.1%}.  In training, the first iteration with any response that "
+          f"thinks: {first if first is not None else 'none'}.")
+    return check_prediction(prediction, rare_zero_outcome(after), choices=RARE_ZERO_CHOICES, why=(
+        "GRPO can only raise the probability of what it samples.  A behaviour the base never shows gives no "
+        "group a thinking response to reward, so nothing pushes it up; one the base shows now and then is "
+        "rewarded every time it wins its group.  Whether rare_0 still shows working at all is what its "
+        "first phase left behind: it learned the skill, then saw none of it for "
+        f"{RunFolder(thinking_base.default_run_dir(preset, 'rare_0')).manifest()['steps']} updates."))
+
+

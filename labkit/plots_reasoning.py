@@ -1,0 +1,52 @@
+"""Chapter 11's figures: the think rate and the response length over iterations (the R1-Zero figure), and
+the per-k profile before and after RL.  Each function takes plain data and returns a new figure."""
+
+from __future__ import annotations
+
+import matplotlib.pyplot as plt
+
+
+def plot_think_curves(histories: dict[str, list[dict]]):
+    """Three panels over GRPO iterations, one line per run: the share of responses that work the problem
+    out, their mean length in tokens, and the share that are right (the true reward).
+
+    histories: {run name: its history.json lines}."""
+    fig, axes = plt.subplots(1, 3, figsize=(12, 3.2), sharex=True)
+    for name, lines in histories.items():
+        x = [line["iteration"] for line in lines]
+        for ax, key in zip(axes, ("think_rate", "mean_tokens", "accuracy")):
+            ax.plot(x, [line[key] for line in lines], label=name, lw=1.4)
+    for ax, title in zip(axes, ("share that thinks", "mean response tokens", "share right (true reward)")):
+        ax.set_title(title, fontsize=10, loc="left")
+        ax.set_xlabel("GRPO iteration")
+        ax.grid(alpha=0.3)
+    axes[0].set_ylim(-0.02, 1.02)
+    axes[2].set_ylim(-0.02, 1.02)
+    axes[0].legend(fontsize=8)
+    fig.tight_layout()
+    return fig
+
+
+def plot_profile_before_after(before: dict[int, dict], after: dict[int, dict], title: str):
+    """Per number of movements k: the think rate and the accuracy of a base (dashed) and of the run trained
+    from it (solid), and the accuracy of the thinking and the direct responses after RL (markers).
+
+    before, after: {k: summary row} (`reasoning_report.per_k`)."""
+    ks = sorted(after)
+    fig, axes = plt.subplots(1, 2, figsize=(10, 3.2), sharex=True)
+    for rows, style, label in ((before, "--", "base"), (after, "-", "after RL")):
+        axes[0].plot(ks, [rows[k]["think_rate"] for k in ks], style, color="tab:purple", label=label)
+        axes[1].plot(ks, [rows[k]["accuracy"] for k in ks], style, color="tab:blue", label=f"{label}: all")
+    for key, marker, label in (("accuracy_thinking", "o", "after RL: thinking"), ("accuracy_direct", "x", "after RL: direct")):
+        points = [(k, after[k][key]) for k in ks if after[k][key] is not None]
+        axes[1].plot([k for k, _ in points], [v for _, v in points], marker, color="tab:green", ls="none", label=label)
+    axes[0].set_title("share that thinks", fontsize=10, loc="left")
+    axes[1].set_title("share right", fontsize=10, loc="left")
+    for ax in axes:
+        ax.set_xlabel("movements k")
+        ax.set_ylim(-0.02, 1.02)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+    fig.suptitle(title, fontsize=10)
+    fig.tight_layout()
+    return fig

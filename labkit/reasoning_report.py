@@ -1,0 +1,128 @@
+"""Chapter 11's numbers, from the committed thinking bases and reasoning runs (nothing is trained here).
+
+    table = base_table()                       # per base: think rate, accuracy thinking / direct, per k
+    before_after("from_rare_2")                # the run's base against the run, paired on the test chains
+    verdict("from_rare_2")                     # selected / not created / ..., with its statistics
+
+Every profile pairs the same 200 test chains (25 per k = 1 ... 8) and the same seeds, 8 draws each,
+so a base and the run trained from it are compared chain by chain (`labkit.paired`); pass@k is the
+unbiased estimator of Chen et al. (2021) over those 8 draws.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+from math import comb
+
+from . import paired, reasoning, thinking_base
+from .runs import RunFolder
+
+
+def run_profile(name: str, preset: str = "tiny") -> dict:
+    """A reasoning run's test profile ({"summary", "table", "rows"}), checked against its manifest."""
+    folder = RunFolder(reasoning.default_run_dir(preset, name))
+    folder.check_file("profile.json.gz")
+    return json.loads(gzip.decompress((folder / "profile.json.gz").read_bytes()))
+
+
+def run_history(name: str, preset: str = "tiny") -> list[dict]:
+    folder = RunFolder(reasoning.default_run_dir(preset, name))
+    folder.check_file("history.json")
+    return json.loads((folder / "history.json").read_text())
+
+
+def run_rollouts(name: str, preset: str = "tiny") -> list[dict]:
+    folder = RunFolder(reasoning.default_run_dir(preset, name))
+    folder.check_file("rollouts.jsonl.gz")
+    return [json.loads(line) for line in gzip.decompress((folder / "rollouts.jsonl.gz").read_bytes()).splitlines()]
+
+
+def summary_row(name: str, rows: list[dict]) -> dict:
+    """Think rate, accuracy overall / thinking / direct, share of thinking responses with every step right."""
+    thinking = [r for r in rows if r["thinks"]]
+    direct = [r for r in rows if not r["thinks"]]
+    rate = lambda part, key: (sum(bool(r[key]) for r in part) / len(part)) if part else None  # noqa: E731
+    return {"name": name, "responses": len(rows), "think_rate": len(thinking) / len(rows),
+            "accuracy": rate(rows, "reward"), "accuracy_thinking": rate(thinking, "reward"),
+            "accuracy_direct": rate(direct, "reward"), "steps_right": rate(thinking, "steps_right"),
+            "mean_tokens": sum(r["tokens"] for r in rows) / len(rows)}
+
+
+def per_k(rows: list[dict]) -> dict[int, dict]:
+    return {k: summary_row(str(k), [r for r in rows if r["k"] == k]) for k in sorted({r["k"] for r in rows})}
+
+
+def base_table(preset: str = "tiny") -> list[dict]:
+    """One row per thinking base (its test profile at temperature 1)."""
+    return [summary_row(name, thinking_base.read_profile(name, preset)["rows"]) for name in thinking_base.BASES]
+
+
+def successes_by_chain(rows: list[dict]) -> dict[tuple[int, int], list[int]]:
+    """{(k, chain index): [reward of draw 0, 1, ...]}."""
+    out: dict[tuple[int, int], list[int]] = {}
+    for r in sorted(rows, key=lambda r: (r["k"], r["index"], r["draw"])):
+        out.setdefault((r["k"], r["index"]), []).append(int(r["reward"]))
+    return out
+
+
+def pass_at(rows: list[dict], k: int) -> float:
+    """Mean over chains of the unbiased pass@k, 1 - C(n - c, k) / C(n, k), n draws with c right."""
+    chains = successes_by_chain(rows)
+    n = len(next(iter(chains.values())))
+    if not 1 <= k <= n:
+        raise ValueError(f"pass@k needs 1 <= k <= {n} draws, got k={k}")
+    return sum(1 - comb(n - sum(s), k) / comb(n, k) for s in chains.values()) / len(chains)
+
+
+def before_after(run_name: str, preset: str = "tiny") -> dict:
+    """The run's base and the run on the same test chains and seeds: per-draw accuracy paired over chains,
+    think rates, pass@1 and pass@8, and the chains the run solves that its base never solved in 8 draws."""
+    run = reasoning.get_run(run_name)
+    before = thinking_base.read_profile(run.base, preset)["rows"]
+    after = run_profile(run_name, preset)["rows"]
+    a, b = successes_by_chain(before), successes_by_chain(after)
+    if a.keys() != b.keys():
+        raise ValueError(f"{run_name} and its base {run.base} were not profiled on the same chains")
+    chains = sorted(a)
+    draws = len(a[chains[0]])
+    test = paired.paired_mean_difference([sum(a[c]) for c in chains], [sum(b[c]) for c in chains], draws)
+    return {"run": run_name, "base": run.base, "draws": draws, "chains": len(chains),
+            "before": summary_row(run.base, before), "after": summary_row(run_name, after),
+            "accuracy_test": test,
+            "pass_at_1": (pass_at(before, 1), pass_at(after, 1)),
+            "pass_at_8": (pass_at(before, draws), pass_at(after, draws)),
+            "reached": sum(1 for c in chains if not any(a[c]) and any(b[c])),
+            "lost": sum(1 for c in chains if any(a[c]) and not any(b[c]))}
+
+
+def think_test(run_name: str, preset: str = "tiny") -> dict:
+    """The think rate before and after, paired over chains (thinking draws per chain)."""
+    run = reasoning.get_run(run_name)
+    before = thinking_base.read_profile(run.base, preset)["rows"]
+    after = run_profile(run_name, preset)["rows"]
+    count = lambda rows: {key: sum(r["thinks"] for r in rows if (r["k"], r["index"]) == key)  # noqa: E731
+                          for key in {(r["k"], r["index"]) for r in rows}}
+    a, b = count(before), count(after)
+    chains = sorted(a)
+    draws = len(before) // len(chains)
+    return paired.paired_mean_difference([a[c] for c in chains], [b[c] for c in chains], draws)
+
+
+SELECTED, NOT_CREATED, CREATED, NO_CHANGE = "selected", "not created", "created", "no separable change"
+
+
+def verdict(run_name: str, preset: str = "tiny", alpha: float = paired.ALPHA) -> dict:
+    """The source design's question for one run: did RL select a behaviour its base showed (think rate up
+    from a rare start, accuracy up with it), fail to create one its base never showed, or something else?"""
+    ba, thinks = before_after(run_name, preset), think_test(run_name, preset)
+    started = ba["before"]["think_rate"] > 0
+    think_up = thinks["mean_difference"] > 0 and thinks["p_permutation"] < alpha
+    accuracy_up = ba["accuracy_test"]["mean_difference"] > 0 and ba["accuracy_test"]["p_permutation"] < alpha
+    if think_up and accuracy_up:
+        call = SELECTED if started else CREATED
+    elif not started and ba["after"]["think_rate"] == 0:
+        call = NOT_CREATED
+    else:
+        call = NO_CHANGE if not (think_up or accuracy_up) else ("think rate up only" if think_up else "accuracy up only")
+    return {"run": run_name, "verdict": call, "think_test": thinks, **ba}
