@@ -12,7 +12,7 @@ import subprocess
 
 import pytest
 
-from labkit import cache, evaluate, results_page
+from labkit import cache, evaluate
 from labkit.grpo import read_rollouts
 from labkit.runs import REPO_ROOT, RunFolder, is_finished, read_json
 
@@ -44,10 +44,6 @@ def test_results_json_recomputes_byte_for_byte_from_the_raw_predictions():
                 continue
         stale.append(message)
     assert stale == []
-
-
-def test_the_results_page_is_generated_from_the_committed_run():
-    assert results_page.is_current(), "book/results.md is out of date: run `python -m labkit.book results-page`"
 
 
 def test_the_main_grpo_run_has_1600_rollouts_and_200_updates_none_optimised_twice():

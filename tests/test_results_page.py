@@ -187,22 +187,30 @@ def test_no_sentence_calls_a_difference_by_overlapping_intervals(page):
     assert f"- {results_page.verdict(results, 'sample', 'ALL', 'grpo', 'warm_start', run=RUN)}\n" in page
 
 
-def test_the_figure_is_written_beside_the_page_byte_for_byte_and_checked(tmp_path, monkeypatch):
+def test_the_committed_pages_and_figure_are_what_the_committed_run_renders_now(rendered):
+    """book/results.md, its detail page and its figure, byte for byte (`results_page.is_current`'s test, on the
+    module's one rendering): a stale page says which command rewrites it."""
+    text, detail, figure = rendered
+    out = results_page.DEFAULT_OUT
+    stale = "out of date: run `python -m labkit.book results-page`"
+    assert out.read_text(encoding="utf-8") == text, f"book/results.md is {stale}"
+    assert results_page.detail_path(out).read_text(encoding="utf-8") == detail, f"{results_page.DETAIL} is {stale}"
+    assert results_page.figure_path(out).read_bytes() == figure, f"{results_page.FIGURE} is {stale}"
+
+
+def test_the_figure_is_written_beside_the_page_byte_for_byte_and_checked(tmp_path, monkeypatch, rendered):
+    monkeypatch.setattr(results_page, "_page", lambda run: rendered)  # each rendering takes seconds: the module's one
     out = tmp_path / "book" / "results.md"
     results_page.write(RUN, out)
     figure = out.parent / "figures" / "results.png"
     text, png = out.read_text(encoding="utf-8"), figure.read_bytes()
+    assert (text, png) == (rendered[0], rendered[2])
     assert f"]({results_page.FIGURE})" in text and results_page.FIGURE == "figures/results.png"
     assert png.startswith(b"\x89PNG") and b"Software" not in png and b"matplotlib" not in png
-    # a second rendering gives the very bytes written: a re-run writes the same page, detail page and figure
     assert results_page.is_current(RUN, out)
     detail = out.parent / results_page.DETAIL
     written = detail.read_text(encoding="utf-8")
     assert written.startswith("# Results in detail") and "## Paired comparisons" in written
-    # the checks below compare with that rendering again (each rendering takes seconds)
-    rendered = (text, written, png)
-    monkeypatch.setattr(results_page, "_page", lambda run: rendered)
-    assert results_page.is_current(RUN, out)
     detail.write_text(written + "edited by hand\n", encoding="utf-8")
     assert not results_page.is_current(RUN, out)  # is_current covers the detail page
     detail.write_text(written, encoding="utf-8")
