@@ -23,5 +23,5 @@ PORTABLE_TESTS = {  # single tests of files that mostly run processes against th
 # it in PORTABLE_FILES instead.
 TORCH_FREE_FILES = {
     "test_cached_run.py", "test_results_page.py", "test_paired.py", "test_difficulty.py", "test_plots_ch07.py",
-    "test_notebook_ch10.py",
+    "test_notebook_ch10.py", "test_notebook_ch11.py",
 }
