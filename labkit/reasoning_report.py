@@ -109,20 +109,26 @@ def think_test(run_name: str, preset: str = "tiny") -> dict:
     return paired.paired_mean_difference([a[c] for c in chains], [b[c] for c in chains], draws)
 
 
-SELECTED, NOT_CREATED, CREATED, NO_CHANGE = "selected", "not created", "created", "no separable change"
+SELECTED, CREATED, NOT_CREATED, DESELECTED, NO_CHANGE = ("selected", "created", "not created", "selected against",
+                                                         "no separable change")
 
 
 def verdict(run_name: str, preset: str = "tiny", alpha: float = paired.ALPHA) -> dict:
     """The source design's question for one run: did RL select a behaviour its base showed (think rate up
-    from a rare start, accuracy up with it), fail to create one its base never showed, or something else?"""
+    from a rare start, accuracy up with it), fail to create one its base never showed, select against it
+    (think rate down), or change nothing separable?  Each change is a paired test over the test chains."""
     ba, thinks = before_after(run_name, preset), think_test(run_name, preset)
     started = ba["before"]["think_rate"] > 0
-    think_up = thinks["mean_difference"] > 0 and thinks["p_permutation"] < alpha
-    accuracy_up = ba["accuracy_test"]["mean_difference"] > 0 and ba["accuracy_test"]["p_permutation"] < alpha
-    if think_up and accuracy_up:
+    moved = lambda test: 0 if test["p_permutation"] >= alpha else (1 if test["mean_difference"] > 0 else -1)  # noqa: E731
+    think, accuracy = moved(thinks), moved(ba["accuracy_test"])
+    if think > 0 and accuracy > 0:
         call = SELECTED if started else CREATED
     elif not started and ba["after"]["think_rate"] == 0:
         call = NOT_CREATED
+    elif think < 0:
+        call = DESELECTED
+    elif think > 0 or accuracy != 0:
+        call = f"think rate {'up' if think > 0 else 'unchanged'}, accuracy {['down', 'unchanged', 'up'][accuracy + 1]}"
     else:
-        call = NO_CHANGE if not (think_up or accuracy_up) else ("think rate up only" if think_up else "accuracy up only")
+        call = NO_CHANGE
     return {"run": run_name, "verdict": call, "think_test": thinks, **ba}
