@@ -436,36 +436,35 @@ def cmd_overoptimisation(args: argparse.Namespace) -> int:
     return 0
 
 
-def cmd_thinking_bases(args: argparse.Namespace) -> int:
-    """Chapter 11's thinking bases (labkit.thinking_base): the skill, then working made rare; a control."""
-    from . import thinking_base
+def _build_and_report(module, names: tuple[str, ...], args: argparse.Namespace) -> int:
+    """Chapter 11's two steps: build what is missing (`module.run_all`), then one line per finished run:
+    its wall time (or "kept") and its test profile's think rate and accuracy."""
     from .runs import read_json
 
     only = tuple(args.only.split(",")) if args.only else None
-    times = thinking_base.run_all(args.preset, only=only, workers=args.workers, threads=args.threads,
-                                  progress=not args.no_progress)
-    for name in thinking_base.BASES:
-        if thinking_base.is_finished(name, args.preset):
-            s = read_json(thinking_base.default_run_dir(args.preset, name) / "manifest.json")["test_profile"]
+    times = module.run_all(args.preset, only=only, workers=args.workers, threads=args.threads,
+                           progress=not args.no_progress)
+    width = max(map(len, names)) + 1
+    for name in names:
+        if module.is_finished(name, args.preset):
+            s = read_json(module.default_run_dir(args.preset, name) / "manifest.json")["test_profile"]
             seconds = f"{times[name]:6.0f} s" if name in times else "  (kept)"
-            print(f"{name:<9} {seconds}  thinks {s['think_rate']:6.1%}  right {s['accuracy']:6.1%}")
+            print(f"{name:<{width}} {seconds}  thinks {s['think_rate']:6.1%}  right {s['accuracy']:6.1%}")
     return 0
+
+
+def cmd_thinking_bases(args: argparse.Namespace) -> int:
+    """Chapter 11's thinking bases (labkit.thinking_base): the skill, then working made rare; a control."""
+    from . import thinking_base
+
+    return _build_and_report(thinking_base, thinking_base.BASES, args)
 
 
 def cmd_reasoning(args: argparse.Namespace) -> int:
     """Chapter 11's GRPO runs on worked answers from each thinking base (labkit.reasoning)."""
     from . import reasoning
-    from .runs import read_json
 
-    only = tuple(args.only.split(",")) if args.only else None
-    times = reasoning.run_all(args.preset, only=only, workers=args.workers, threads=args.threads,
-                              progress=not args.no_progress)
-    for name in reasoning.RUN_NAMES:
-        if reasoning.is_finished(name, args.preset):
-            s = read_json(reasoning.default_run_dir(args.preset, name) / "manifest.json")["test_profile"]
-            seconds = f"{times[name]:6.0f} s" if name in times else "  (kept)"
-            print(f"{name:<24} {seconds}  thinks {s['think_rate']:6.1%}  right {s['accuracy']:6.1%}")
-    return 0
+    return _build_and_report(reasoning, reasoning.RUN_NAMES, args)
 
 
 def cmd_sampler_agreement(args: argparse.Namespace) -> int:
