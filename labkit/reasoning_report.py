@@ -58,12 +58,21 @@ def base_table(preset: str = "tiny") -> list[dict]:
     return [summary_row(name, thinking_base.read_profile(name, preset)["rows"]) for name in thinking_base.BASES]
 
 
-def successes_by_chain(rows: list[dict]) -> dict[tuple[int, int], list[int]]:
-    """{(k, chain index): [reward of draw 0, 1, ...]}."""
+def successes_by_chain(rows: list[dict], field: str = "reward") -> dict[tuple[int, int], list[int]]:
+    """{(k, chain index): [`field` of draw 0, 1, ...] as 0/1}: the reward (default) or the think flag."""
     out: dict[tuple[int, int], list[int]] = {}
     for r in sorted(rows, key=lambda r: (r["k"], r["index"], r["draw"])):
-        out.setdefault((r["k"], r["index"]), []).append(int(r["reward"]))
+        out.setdefault((r["k"], r["index"]), []).append(int(r[field]))
     return out
+
+
+def paired_over_chains(before: list[dict], after: list[dict], field: str = "reward") -> dict:
+    """`paired.paired_mean_difference` of `field`'s count per chain, before against after (same chains, seeds)."""
+    a, b = successes_by_chain(before, field), successes_by_chain(after, field)
+    if a.keys() != b.keys():
+        raise ValueError("the two profiles were not made on the same chains")
+    chains = sorted(a)
+    return paired.paired_mean_difference([sum(a[c]) for c in chains], [sum(b[c]) for c in chains], len(a[chains[0]]))
 
 
 def pass_at(rows: list[dict], k: int) -> float:
@@ -75,38 +84,32 @@ def pass_at(rows: list[dict], k: int) -> float:
     return sum(1 - comb(n - sum(s), k) / comb(n, k) for s in chains.values()) / len(chains)
 
 
-def before_after(run_name: str, preset: str = "tiny") -> dict:
+def profiles(run_name: str, preset: str = "tiny") -> tuple[list[dict], list[dict]]:
+    """(the run's base's test rows, the run's test rows): the same chains and seeds."""
+    return thinking_base.read_profile(reasoning.get_run(run_name).base, preset)["rows"], run_profile(run_name, preset)["rows"]
+
+
+def before_after(run_name: str, preset: str = "tiny", rows: tuple[list[dict], list[dict]] | None = None) -> dict:
     """The run's base and the run on the same test chains and seeds: per-draw accuracy paired over chains,
-    think rates, pass@1 and pass@8, and the chains the run solves that its base never solved in 8 draws."""
-    run = reasoning.get_run(run_name)
-    before = thinking_base.read_profile(run.base, preset)["rows"]
-    after = run_profile(run_name, preset)["rows"]
+    think rates, pass@1 and pass@8, and the chains the run solves that its base never solved in 8 draws.
+    rows: `profiles(run_name)`, when already read."""
+    before, after = rows or profiles(run_name, preset)
     a, b = successes_by_chain(before), successes_by_chain(after)
-    if a.keys() != b.keys():
-        raise ValueError(f"{run_name} and its base {run.base} were not profiled on the same chains")
     chains = sorted(a)
     draws = len(a[chains[0]])
-    test = paired.paired_mean_difference([sum(a[c]) for c in chains], [sum(b[c]) for c in chains], draws)
-    return {"run": run_name, "base": run.base, "draws": draws, "chains": len(chains),
-            "before": summary_row(run.base, before), "after": summary_row(run_name, after),
-            "accuracy_test": test,
+    base = reasoning.get_run(run_name).base
+    return {"run": run_name, "base": base, "draws": draws, "chains": len(chains),
+            "before": summary_row(base, before), "after": summary_row(run_name, after),
+            "accuracy_test": paired_over_chains(before, after),
             "pass_at_1": (pass_at(before, 1), pass_at(after, 1)),
             "pass_at_8": (pass_at(before, draws), pass_at(after, draws)),
             "reached": sum(1 for c in chains if not any(a[c]) and any(b[c])),
             "lost": sum(1 for c in chains if any(a[c]) and not any(b[c]))}
 
 
-def think_test(run_name: str, preset: str = "tiny") -> dict:
+def think_test(run_name: str, preset: str = "tiny", rows: tuple[list[dict], list[dict]] | None = None) -> dict:
     """The think rate before and after, paired over chains (thinking draws per chain)."""
-    run = reasoning.get_run(run_name)
-    before = thinking_base.read_profile(run.base, preset)["rows"]
-    after = run_profile(run_name, preset)["rows"]
-    count = lambda rows: {key: sum(r["thinks"] for r in rows if (r["k"], r["index"]) == key)  # noqa: E731
-                          for key in {(r["k"], r["index"]) for r in rows}}
-    a, b = count(before), count(after)
-    chains = sorted(a)
-    draws = len(before) // len(chains)
-    return paired.paired_mean_difference([a[c] for c in chains], [b[c] for c in chains], draws)
+    return paired_over_chains(*(rows or profiles(run_name, preset)), field="thinks")
 
 
 SELECTED, CREATED, NOT_CREATED, DESELECTED, NO_CHANGE = ("selected", "created", "not created", "selected against",
@@ -117,7 +120,8 @@ def verdict(run_name: str, preset: str = "tiny", alpha: float = paired.ALPHA) ->
     """The source design's question for one run: did RL select a behaviour its base showed (think rate up
     from a rare start, accuracy up with it), fail to create one its base never showed, select against it
     (think rate down), or change nothing separable?  Each change is a paired test over the test chains."""
-    ba, thinks = before_after(run_name, preset), think_test(run_name, preset)
+    rows = profiles(run_name, preset)  # read once for both tests
+    ba, thinks = before_after(run_name, preset, rows), think_test(run_name, preset, rows)
     started = ba["before"]["think_rate"] > 0
     moved = lambda test: 0 if test["p_permutation"] >= alpha else (1 if test["mean_difference"] > 0 else -1)  # noqa: E731
     think, accuracy = moved(thinks), moved(ba["accuracy_test"])
