@@ -192,8 +192,15 @@ def test_a_short_pretraining_is_deterministic_and_never_overwrites(tmp_path):
 
 
 def test_pretraining_restores_the_thread_count(tmp_path):
-    before = torch.get_num_threads()
-    cfg = pretrain.PretrainConfig(steps=1, rows_per_step=1, heldout_rows=1, probe_documents=4, threads=before + 1,
-                                  answer=QUICK_ANSWER_PHASE)
-    pretrain.pretrain(cfg, tmp_path / "c", progress=False)
-    assert torch.get_num_threads() == before
+    # The caller's count is raised by one and the run asked for the worker's own: the run sets a count
+    # other than the caller's and must put the caller's back, without running on more threads than the
+    # worker has cores for (an oversubscribed OpenMP pool made this one-update run take 17 s).
+    own = torch.get_num_threads()
+    torch.set_num_threads(own + 1)
+    try:
+        cfg = pretrain.PretrainConfig(steps=1, rows_per_step=1, heldout_rows=1, probe_documents=4, threads=own,
+                                      answer=QUICK_ANSWER_PHASE)
+        pretrain.pretrain(cfg, tmp_path / "c", progress=False)
+        assert torch.get_num_threads() == own + 1
+    finally:
+        torch.set_num_threads(own)
