@@ -103,7 +103,7 @@ class ThinkingBaseConfig:
     profile_draws: int = 8
     """temperature-1 answers per test chain in the final profile (pass@k up to 8 from the same rows)"""
     phases: tuple[Phase, ...] = (
-        Phase("skill", "committed", 3600, 1.0, 3e-3, 3e-4),
+        Phase("skill", "committed", 3000, 1.0, 3e-3, 3e-4),
         Phase("rare_0", "skill", 300, 0.0, 3e-4, 3e-4),
         Phase("rare_2", "skill", 300, 0.02, 3e-4, 3e-4),
         Phase("rare_10", "skill", 300, 0.10, 3e-4, 3e-4),

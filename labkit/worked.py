@@ -1,20 +1,13 @@
 """StockArithmetic-worked: the task with room to think before the answer (issue 41; not the protocol).
 
 The protocol's task and verifier (`labkit.task`, `labkit.verifier`) are unchanged and stay the
-lab's measure.  This variant asks for working before the answer, every number of a step in three
-digits (DIGITS), so that the units, tens and hundreds of a step's numbers always sit at the same
-places in the line:
+lab's measure.  This variant asks for working before the answer:
 
-    041 + 035 = 076
-    076 + 012 = 088
-    088 - 030 = 058
-    058 - 007 = 051
+    41 + 35 = 76
+    76 + 12 = 88
+    88 - 30 = 58
+    58 - 7 = 51
     {"final_stock": 51}
-
-Why three digits: a model of about a million parameters learns written sums with aligned digits
-several times faster than with numbers of one, two or three digits side by side (measured while
-building the thinking bases: book/instructor.md, "Chapter 11's bases: what was tried").  The
-verifier reads a step's numbers with or without the zeros in front.
 
 A response is free working text, then exactly one JSON object `{"final_stock": N}` as the last
 thing before end-of-sequence.  Its verdict, `score_worked`:
@@ -50,13 +43,12 @@ from dataclasses import dataclass
 from . import verifier
 from .task import ID_MAX, OOD_MAX, TARGET_MAX, Problem
 
-DIGITS = 3  # every number of a step is written with this many digits (zeros in front): TARGET_MAX is 300
-WORKED_INSTRUCTION = ('Work it out step by step, one movement per line as "a + b = c" or "a - b = c" with three '
-                      'digits per number, then end with only a JSON object of the form {"final_stock": <integer>}.')
+WORKED_INSTRUCTION = ('Work it out step by step, one movement per line as "a + b = c" or "a - b = c", '
+                      'then end with only a JSON object of the form {"final_stock": <integer>}.')
 # The sampler's limit for a worked answer: the solver's own worked answer to eight movements at OOD100
-# magnitudes takes at most 130 tokens with its end-of-sequence over 2,000 drawn chains (tests/test_worked.py
-# measures it), so 176 leaves a model room for a slip; the samplers allow up to `sampling.SAMPLER_TOKEN_LIMIT` (256).
-WORKED_MAX_RESPONSE_TOKENS = 176
+# magnitudes takes at most 123 tokens with its end-of-sequence over 2,000 drawn chains (tests/test_worked.py
+# measures it), so 160 leaves a model room for a slip; the samplers allow up to `sampling.SAMPLER_TOKEN_LIMIT` (256).
+WORKED_MAX_RESPONSE_TOKENS = 160
 MAX_WORKING_CHARS = 400  # eight steps of "100 + 100 = 200" and their line breaks fit three times over
 MAX_MOVEMENTS = 8
 
@@ -224,11 +216,10 @@ def score_worked(text: str, finish_reason: str, chain: Chain | Problem, tokeniza
 
 
 def worked_text(chain: Chain) -> str:
-    """The solver's worked answer: one right step per movement in DIGITS digits, then the object (a reference
-    response; the object's number is JSON, so it has no zeros in front)."""
+    """The solver's worked answer: one right step per movement, then the object (a reference response)."""
     lines, stock = [], chain.initial
     for m in chain.movements:
-        lines.append(f"{stock:0{DIGITS}d} {'+' if m >= 0 else '-'} {abs(m):0{DIGITS}d} = {stock + m:0{DIGITS}d}")
+        lines.append(f"{stock} {'+' if m >= 0 else '-'} {abs(m)} = {stock + m}")
         stock += m
     return "\n".join(lines) + f'\n{{"{verifier.FIELD}": {stock}}}'
 

@@ -89,7 +89,7 @@ def test_a_chat_document_is_learned_on_its_answer():
     ids, labels = thinking_base.document_tokens(tokenizer, chat)
     learned = tokenizer.decode([i for i, lab in zip(ids, labels) if lab != -100])
     assert learned == chat.text.split(corpus.CHAT_ASSISTANT)[1].removesuffix(corpus.ENDOFTEXT).removesuffix("\n")
-    assert worked.read_steps(learned)[0].a == chain_of(chat.text).initial  # the working, in three digits
+    assert worked.read_steps(learned)[0].a == chain_of(chat.text).initial  # the working starts from the opening stock
 
 
 def test_a_document_longer_than_a_row_is_refused_by_its_length():
