@@ -47,7 +47,7 @@ import torch
 
 from . import grpo, models, sampling, scoring, think_profile, thinking_base, worked
 from .config import TINY
-from .runs import REPO_ROOT, RunFolder, sha256_file, atomic_write_bytes, preset_folder, read_json, write_json
+from .runs import REPO_ROOT, RunFolder, sha256_file, atomic_write_bytes, preset_folder, write_json
 from .runtime import code_digests, deterministic, environment, seed_everything
 from .schedule import warmup_linear_decay
 from .variants import Variant

@@ -16,14 +16,15 @@ of the held-out chains that measure the bases and train GRPO):
 * "worked": the worked prompt (`think_profile.worked_prompt_ids`: a chain's statement and
   `worked.WORKED_INSTRUCTION`) answered with the solver's working (`worked.worked_text`);
 * "worked_direct": the same prompt answered with the object alone, `{"final_stock": N}`;
-* "sums": 16 lines "a + b = c" / "a - b = c", each one step of a drawn chain (the arithmetic the
-  working needs, in its own layout; loss on " = c" only, the operands are drawn);
 * the base's own answer-phase mix (`labkit.answer_phase`): the protocol's statements answered
   directly in other formats, so the base's direct skill stays.
 
 Chat documents take their loss on the answer only, plain ones on every token but the drawn
 operands; documents are packed whole into rows (`pretrain.pack_rows`: position ids restart with
-every document, so a document sees only itself).
+every document, so a document sees only itself).  What was tried before this mix (a quarter of
+the documents single steps "a + b = c", numbers written without zeros in front, a rate falling
+from the start) taught the form of working and not its substance; book/instructor.md says what
+each change did.
 
 The bases (`BASES`): "skill" (phase 1 from the committed base: half the documents worked);
 "rare_0", "rare_2", "rare_10" (phase 2 from "skill": worked-prompt documents answered with
@@ -43,7 +44,7 @@ import json
 import math
 import random
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
@@ -57,7 +58,6 @@ from .runtime import code_digests, deterministic, environment, seed_everything
 from .schedule import lm_update, warmup_cosine
 
 MODEL_FILE = "model.safetensors"
-SUMS_PER_DOCUMENT = 16
 OOD_SHARE = 0.15  # chains with operands up to OOD_MAX, as the corpus's problems
 # The held-out chains (seeds of worked.fresh_chains): validation measures the bases while they train,
 # test is the think profile every chapter-11 table reads, train is GRPO's prompt pool.
@@ -84,9 +84,8 @@ class ThinkingBaseConfig:
     """How the thinking bases are made (one config; the phases below)."""
 
     worked_prompt_share: float = 0.5
-    """share of documents in the worked prompt (working or direct, as the phase says)"""
-    sums_share: float = 0.25
-    """share of documents of single steps in the working's layout"""
+    """share of documents in the worked prompt (working or direct, as the phase says); the rest are the
+    base's own answer-phase documents"""
     rows_per_step: int = 8
     """packed rows per update (8 x 384 = 3,072 token slots)"""
     row_tokens: int = 384
@@ -165,25 +164,10 @@ class DocumentStream:
         w.write((worked.worked_text(chain) if thinking else f'{{"final_stock": {chain.target}}}') + corpus_mod.CHAT_END)
         return w.document("worked" if thinking else "worked_direct")
 
-    def sums_document(self) -> corpus_mod.Document:
-        w = corpus_mod._Writer()
-        for i in range(SUMS_PER_DOCUMENT):
-            chain = self.chain()
-            j = self.rng.randrange(len(chain.movements))
-            a = ([chain.initial] + chain.levels())[j]
-            m = chain.movements[j]
-            w.write("\n" if i else "")
-            w.write(f"{a} {'+' if m >= 0 else '-'} {abs(m)}", drawn=True)
-            w.write(f" = {a + m}")
-        w.write(corpus_mod.ENDOFTEXT)
-        return w.document("sums")
-
     def next(self) -> corpus_mod.Document:
         u = self.rng.random()
         if u < self.cfg.worked_prompt_share:
             doc = self.worked_document(self.rng.random() < self.phase.thinking_share)
-        elif u < self.cfg.worked_prompt_share + self.cfg.sums_share:
-            doc = self.sums_document()
         else:
             doc = answer_phase.keyed_document(self.source) if self.rng.random() < 0.5 else self.source.direct()
         self.counts[doc.kind] = self.counts.get(doc.kind, 0) + 1
