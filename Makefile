@@ -35,7 +35,7 @@ mathjax: $(MATHJAX_STAMP)  ## install MathJax locally for the book (offline math
 
 book: $(STAMP) $(MATHJAX_STAMP)  ## build the HTML book into _build/html, warnings as errors
 	$(VENV)/bin/jupyter-book build . --warningiserror --nitpick --keep-going --quiet
-	$(PY) -m labkit.book check-offline _build/html
+	$(PY) -m labkit.book.build check-offline _build/html
 
 # The browser check drives a headless Chromium with Playwright (its Python package bundles the
 # driver).  Which Chromium: $$LABKIT_CHROMIUM if set, else Debian's /usr/bin/chromium, else the
@@ -54,7 +54,7 @@ browser: $(PLAYWRIGHT_STAMP)  ## find (or install) the headless Chromium the bro
 browser-check: browser  ## open every page of the instructor and student books in headless Chromium
 	$(PY) tests/browser_check.py _build/html --screenshots _build/screenshots
 	$(PY) tests/browser_check.py $(STUDENT_HTML) --screenshots _build/screenshots/student
-	$(PY) -m labkit.book check-student $(STUDENT_HTML)
+	$(PY) -m labkit.book.build check-student $(STUDENT_HTML)
 
 # The student book: the same pages built from the student copies (solutions stubbed), so it
 # holds no solution at all.  Its sources are assembled in _build/student_src.
@@ -62,9 +62,9 @@ STUDENT_SRC := _build/student_src
 STUDENT_HTML := $(STUDENT_SRC)/_build/html
 
 student-book: $(STAMP) $(MATHJAX_STAMP)  ## build the student book (no solutions) into _build/student_src/_build/html
-	$(PY) -m labkit.book student-sources $(STUDENT_SRC)
+	$(PY) -m labkit.book.build student-sources $(STUDENT_SRC)
 	$(VENV)/bin/jupyter-book build $(STUDENT_SRC) --warningiserror --nitpick --keep-going --quiet
-	$(PY) -m labkit.book check-offline $(STUDENT_HTML)
+	$(PY) -m labkit.book.build check-offline $(STUDENT_HTML)
 
 student: $(STAMP)  ## write the student copies of every chapter (solutions stubbed) into student/
 	$(PY) -m labkit student --out student/
@@ -93,8 +93,8 @@ cache: $(STAMP)  ## rebuild the stale steps of the cached tiny run, then the res
 	$(PY) -m labkit sweep --preset tiny --workers 2
 	$(PY) -m labkit sweep sweeps/chapter10.json --preset tiny --workers 2
 	$(PY) -m labkit sweep sweeps/ablations.json --preset tiny --workers 2
-	$(PY) -m labkit.book results-page
-	$(PY) -m labkit.book execute
+	$(PY) -m labkit.book.build results-page
+	$(PY) -m labkit.book.build execute
 
 data: $(STAMP)  ## regenerate StockArithmetic-v1 from its seed
 	$(PY) -m labkit data

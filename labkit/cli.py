@@ -11,8 +11,8 @@ def cmd_data(args: argparse.Namespace) -> int:
     """Generate StockArithmetic-v1 from its seed (or check the committed files)."""
     import tempfile
 
-    from . import data
-    from .runs import sha256_file
+    from .task import data
+    from .lab.runs import sha256_file
 
     if args.check:
         with tempfile.TemporaryDirectory() as tmp:
@@ -37,8 +37,8 @@ BENCHMARKS = {
 
 
 def cmd_tune(args: argparse.Namespace) -> int:
-    """Try learning rates of the tiny preset on the validation split (labkit.tuning)."""
-    from . import tuning
+    """Try learning rates of the tiny preset on the validation split (labkit.studies.tuning)."""
+    from .studies import tuning
 
     return tuning.run(args)
 
@@ -55,8 +55,8 @@ def cmd_pretrain(args: argparse.Namespace) -> int:
     """Pretrain the tiny base: the corpus phase, then the answer phase (none of the 1,400 problems in either)."""
     from dataclasses import replace
 
-    from .models import TINY_BASE_DIR
-    from .pretrain import PretrainConfig, pretrain
+    from .models.presets import TINY_BASE_DIR
+    from .train.pretrain import PretrainConfig, pretrain
 
     if args.preset != "tiny":
         print(f"--preset {args.preset!r}: only the tiny preset is pretrained by the lab (the qwen preset uses "
@@ -83,10 +83,10 @@ def cmd_pretrain(args: argparse.Namespace) -> int:
 
 
 def cmd_sft(args: argparse.Namespace) -> int:
-    """Warm start or additional SFT of a preset (labkit.sft), or one resume check of it."""
+    """Warm start or additional SFT of a preset (labkit.train.sft), or one resume check of it."""
     import torch
 
-    from . import sft
+    from .train import sft
 
     if args.threads is not None:
         torch.set_num_threads(args.threads)  # results are recorded with the thread count
@@ -112,7 +112,7 @@ def cmd_sft_resume_check(args: argparse.Namespace) -> int:
     """Continuous vs stop-after-epoch-1 + resume for the SFT branches; writes resume_report.json."""
     import torch
 
-    from . import sft
+    from .train import sft
 
     if args.threads is not None:
         torch.set_num_threads(args.threads)
@@ -135,7 +135,7 @@ def cmd_sft_resume_check(args: argparse.Namespace) -> int:
 
 def sft_resume_hint(run_dir) -> str:
     """What a Ctrl-C in SFT leaves and how to go on: its states are saved after every epoch."""
-    from .runs import display_path
+    from .lab.runs import display_path
 
     states = sorted(Path(run_dir).glob("states/epoch-*.pt.gz"), key=lambda p: int(p.name[6:-6]))
     if not states:
@@ -146,19 +146,19 @@ def sft_resume_hint(run_dir) -> str:
 
 def check_learning_data() -> None:
     """Before a training run: the train and validation statements and labels hold the same problems
-    (labkit.data.joined refuses them in one line naming both files), so that a hand-made data folder
+    (labkit.task.data.joined refuses them in one line naming both files), so that a hand-made data folder
     fails here, not with a KeyError halfway through the run."""
-    from . import data
+    from .task import data
 
     for split in ("train", "validation"):
         data.joined(split, phase="learning")
 
 
 def cmd_grpo(args: argparse.Namespace) -> int:
-    """The GRPO run of a preset (labkit.grpo): 100 iterations of 4 prompts x G responses."""
+    """The GRPO run of a preset (labkit.grpo.loop): 100 iterations of 4 prompts x G responses."""
     import torch
 
-    from . import grpo
+    from .grpo import loop as grpo
     from .config import get_preset
 
     if args.threads is not None:
@@ -187,7 +187,7 @@ def cmd_grpo(args: argparse.Namespace) -> int:
 
 def cmd_grpo_resume_check(args: argparse.Namespace) -> int:
     """Continuous GRPO run vs stop + resume in fresh processes; writes resume_report.json."""
-    from . import grpo
+    from .grpo import loop as grpo
 
     report = grpo.resume_check(args.preset, group_size=args.group_size, stop_at=args.stop_at,
                                sampler=args.sampler, device=args.device, overwrite=args.overwrite)
@@ -199,12 +199,12 @@ def cmd_grpo_resume_check(args: argparse.Namespace) -> int:
 
 
 def cmd_group_size(args: argparse.Namespace) -> int:
-    """Chapter 8's exercise (labkit.group_size): G=2 and G=8 branches, resume checks, evaluation, budget,
+    """Chapter 8's exercise (labkit.studies.group_size): G=2 and G=8 branches, resume checks, evaluation, budget,
     protection of the main runs; into runs/<preset>/group_size/."""
     import torch
 
-    from . import group_size
-    from .runs import read_json
+    from .studies import group_size
+    from .lab.runs import read_json
 
     if args.threads is not None:
         torch.set_num_threads(args.threads)  # results are recorded with the thread count
@@ -217,8 +217,8 @@ def cmd_group_size(args: argparse.Namespace) -> int:
 
 
 def cmd_student(args: argparse.Namespace) -> int:
-    """Write the student copy of every chapter: solutions become "your turn" stubs (labkit/student.py)."""
-    from . import student
+    """Write the student copy of every chapter: solutions become "your turn" stubs (labkit/book/student.py)."""
+    from .book import student
 
     for path, count in student.write_student_copies(args.out, args.notebooks or None):
         print(f"{path}: {count} exercise(s) stubbed")
@@ -229,7 +229,7 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
     """Greedy + 4 seeded samples per test problem for one policy or all, then rescore into results.json."""
     import torch
 
-    from . import evaluate
+    from .eval import evaluate
 
     if args.threads is not None:
         torch.set_num_threads(args.threads)
@@ -244,8 +244,8 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
 
 def cmd_results(args: argparse.Namespace) -> int:
     """Recompute runs/<preset>/evaluation/results.json from the raw predictions (or only check it)."""
-    from . import evaluate
-    from .runs import read_json
+    from .eval import evaluate
+    from .lab.runs import read_json
 
     root = evaluate.evaluation_root(args.preset, args.limit)
     for message in evaluate.stale_evaluations(args.preset, root):
@@ -274,7 +274,7 @@ def cmd_all(args: argparse.Namespace) -> int:
 
 def cmd_cache(args: argparse.Namespace) -> int:
     """Is the cached run fresh against the code, data and upstream runs that made it?"""
-    from . import cache
+    from .lab import cache
 
     if args.action == "record":
         for step in args.steps.split(","):
@@ -306,7 +306,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     """Train and evaluate the sweep's missing runs; then write their results file (`sweep.results_file`)."""
     import time
 
-    from . import sweep
+    from .studies import sweep
 
     for name in ("workers", "threads"):
         if getattr(args, name) < 1:
@@ -332,7 +332,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
 
 def cmd_reward_model(args: argparse.Namespace) -> int:
     """Chapter 10's learned verifier: sample, label by the verifier, fit, report precision and recall."""
-    from . import reward_model
+    from .studies import reward_model
 
     manifest = reward_model.run_reward_model(args.preset, args.run_dir, limit=args.limit, overwrite=args.overwrite,
                                              progress=not args.no_progress)
@@ -346,7 +346,7 @@ def cmd_gradient_study(args: argparse.Namespace) -> int:
     """Chapters 2-3: the policy-gradient identity on an enumerable game, and the estimator's noise at the warm start."""
     import torch
 
-    from . import gradient_study
+    from .studies import gradient_study
 
     torch.set_num_threads(args.threads)
     results = gradient_study.run_study(args.preset, args.run_dir, progress=not args.no_progress)
@@ -359,11 +359,11 @@ def cmd_gradient_study(args: argparse.Namespace) -> int:
 
 
 def cmd_objective_cases(args: argparse.Namespace) -> int:
-    """Write tests/data/objective_cases.json from labkit.objectives, or check that it is what the code gives."""
+    """Write tests/data/objective_cases.json from labkit.grpo.objectives, or check that it is what the code gives."""
     import math
 
-    from . import objectives
-    from .runs import read_json, write_json
+    from .grpo import objectives
+    from .lab.runs import read_json, write_json
 
     fresh = objectives.cases()
     if not args.check:
@@ -382,15 +382,15 @@ def cmd_objective_cases(args: argparse.Namespace) -> int:
         return a == b
 
     if not same(saved, fresh):
-        print(f"{args.out} differs from what labkit.objectives gives now: rerun `python -m labkit objective-cases`")
+        print(f"{args.out} differs from what labkit.grpo.objectives gives now: rerun `python -m labkit objective-cases`")
         return 1
-    print(f"{args.out}: {len(saved['cases'])} cases, as labkit.objectives gives them")
+    print(f"{args.out}: {len(saved['cases'])} cases, as labkit.grpo.objectives gives them")
     return 0
 
 
 def cmd_format_base(args: argparse.Namespace) -> int:
     """Chapter 10's base that rarely answers in the lab's format: continued pretraining, measured, evaluated."""
-    from . import format_base
+    from .studies import format_base
 
     manifest = format_base.run_format_base(args.preset, args.run_dir, evaluate_limit=args.limit,
                                            overwrite=args.overwrite, progress=not args.no_progress)
@@ -402,11 +402,11 @@ def cmd_format_base(args: argparse.Namespace) -> int:
 
 
 def cmd_grpo_large(args: argparse.Namespace) -> int:
-    """The larger GRPO run (labkit.larger_run): train, evaluate, and the 64-draw evaluations for pass@k."""
+    """The larger GRPO run (labkit.studies.larger_run): train, evaluate, and the 64-draw evaluations for pass@k."""
     import torch
 
-    from . import larger_run
-    from .runs import is_finished
+    from .studies import larger_run
+    from .lab.runs import is_finished
 
     torch.set_num_threads(args.threads or 1)  # results are recorded with the thread count
     config = larger_run.larger_config(args.preset)
@@ -422,8 +422,8 @@ def cmd_grpo_large(args: argparse.Namespace) -> int:
 
 
 def cmd_overoptimisation(args: argparse.Namespace) -> int:
-    """Chapter 10's over-optimisation runs (labkit.overoptimisation): proxies, best-of-n, GRPO on them."""
-    from . import overoptimisation
+    """Chapter 10's over-optimisation runs (labkit.studies.overoptimisation): proxies, best-of-n, GRPO on them."""
+    from .studies import overoptimisation
 
     only = tuple(args.only.split(",")) if args.only else None
     times = overoptimisation.run_all(args.preset, only=only, workers=args.workers, threads=args.threads,
@@ -439,7 +439,7 @@ def cmd_overoptimisation(args: argparse.Namespace) -> int:
 def _build_and_report(module, names: tuple[str, ...], args: argparse.Namespace) -> int:
     """Chapter 11's two steps: build what is missing (`module.run_all`), then one line per finished run:
     its wall time (or "kept") and its test profile's think rate and accuracy."""
-    from .runs import read_json
+    from .lab.runs import read_json
 
     only = tuple(args.only.split(",")) if args.only else None
     times = module.run_all(args.preset, only=only, workers=args.workers, threads=args.threads,
@@ -454,15 +454,15 @@ def _build_and_report(module, names: tuple[str, ...], args: argparse.Namespace) 
 
 
 def cmd_thinking_bases(args: argparse.Namespace) -> int:
-    """Chapter 11's thinking bases (labkit.thinking_base): the skill, then working made rare; a control."""
-    from . import thinking_base
+    """Chapter 11's thinking bases (labkit.studies.thinking_base): the skill, then working made rare; a control."""
+    from .studies import thinking_base
 
     return _build_and_report(thinking_base, thinking_base.BASES, args)
 
 
 def cmd_reasoning(args: argparse.Namespace) -> int:
-    """Chapter 11's GRPO runs on worked answers from each thinking base (labkit.reasoning)."""
-    from . import reasoning
+    """Chapter 11's GRPO runs on worked answers from each thinking base (labkit.studies.reasoning)."""
+    from .studies import reasoning
 
     return _build_and_report(reasoning, reasoning.RUN_NAMES, args)
 
@@ -471,7 +471,7 @@ def cmd_sampler_agreement(args: argparse.Namespace) -> int:
     """Reference vs fast sampler on the warm start: greedy and seeded agreement, explained, timed."""
     import torch
 
-    from . import agreement
+    from .eval import agreement
 
     torch.set_num_threads(args.threads)  # one thread by default: the two samplers are timed alike
     report = agreement.run(args.preset, state=args.state, out=args.out, limit=args.limit, draws=args.draws,
@@ -499,7 +499,7 @@ COMMAND_ORDER = ("data", "pretrain", "warm-start", "sft", "sft-resume-check", "g
 
 def _add_data_and_tool_commands(sub) -> None:
     """Subcommands: the data, tuning and benchmark commands."""
-    from .task import DEFAULT_SEED
+    from .task.problems import DEFAULT_SEED
 
     p = sub.add_parser("data", help="generate the StockArithmetic-v1 files from their seed")
     p.add_argument("--seed", type=int, default=DEFAULT_SEED, help="generation seed (default: %(default)s)")
@@ -507,7 +507,7 @@ def _add_data_and_tool_commands(sub) -> None:
     p.set_defaults(func=cmd_data)
 
     p = sub.add_parser("tune", help="try tiny learning rates on the validation split (the tables in config.py)")
-    from .tuning import add_arguments as add_tune_arguments
+    from .studies.tuning import add_arguments as add_tune_arguments
 
     add_tune_arguments(p)
     p.set_defaults(func=cmd_tune)
@@ -530,7 +530,7 @@ def _add_grpo_command(sub) -> None:
     p.add_argument("--resume-from", default=None, help="a state file of the same run to continue from")
     p.add_argument("--sampler", default="reference", choices=["reference", "fast", "static"],
                    help="reference: the protocol's, no KV cache; fast: batched, transformers' KV cache; static: "
-                        "batched, a preallocated cache (labkit.static_sampler); the same tokens for the same "
+                        "batched, a preallocated cache (labkit.models.static_sampler); the same tokens for the same "
                         "seeds (default: %(default)s)")
     attempt = p.add_mutually_exclusive_group()
     attempt.add_argument("--resume", action="store_true",
@@ -784,10 +784,10 @@ def build_parser() -> argparse.ArgumentParser:
         prog="python -m labkit",
         description="GRPO course lab: run each step of the protocol (see book/protocol.md).",
         epilog="Two commands, split by what they touch: `python -m labkit` makes and checks the lab's runs "
-               "(models, rollouts, evaluations); `python -m labkit.book` works on the book itself, from the "
+               "(models, rollouts, evaluations); `python -m labkit.book.build` works on the book itself, from the "
                "files those runs wrote (offline check, results page, student sources, re-executing "
-               "chapters): `python -m labkit.book --help`.  `results-json` here recomputes "
-               "a run's numbers; `labkit.book results-page` writes the page that prints them.",
+               "chapters): `python -m labkit.book.build --help`.  `results-json` here recomputes "
+               "a run's numbers; `labkit.book.build results-page` writes the page that prints them.",
     )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     sub.required = True
@@ -804,7 +804,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 # What a user's mistake raises: shown as one line naming the value and the rule, not a traceback.
 # (LABKIT_TRACEBACK=1 shows the traceback, for debugging the lab itself.)
-USER_ERRORS = (FileExistsError, FileNotFoundError, ValueError, PermissionError)  # PermissionError: labkit.data.PhaseError
+USER_ERRORS = (FileExistsError, FileNotFoundError, ValueError, PermissionError)  # PermissionError: labkit.task.data.PhaseError
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -816,11 +816,11 @@ def main(argv: list[str] | None = None) -> int:
         if value is not None and value < 1:
             print(f"error: --{name.replace('_', '-')} {value}: must be at least 1", file=sys.stderr)
             return 2
-    from .runs import RunFolderError
+    from .lab.runs import RunFolderError
 
     try:
         return _run(args)
-    except KeyboardInterrupt as err:  # labkit.grpo.Interrupted says which state to resume from
+    except KeyboardInterrupt as err:  # labkit.grpo.loop.Interrupted says which state to resume from
         if os.environ.get("LABKIT_TRACEBACK"):
             raise
         print(f"interrupted: {err}" if str(err) else "interrupted (Ctrl-C)", file=sys.stderr)

@@ -13,7 +13,7 @@ import hashlib
 import json
 from dataclasses import asdict, dataclass, fields, replace
 
-from . import task
+from .task import problems as task
 
 
 @dataclass(frozen=True)
@@ -113,7 +113,7 @@ class PresetConfig:
     """seeded samples per test problem (per-draw success; best-of-4 reported apart)"""
     eval_batch_size: int = 100
     """fast-sampler rows per batch in evaluation and the sampler comparison (changes no token)"""
-    # -- fixed-prompt checkpoint curves (labkit.checkpoint_curves) ------------------
+    # -- fixed-prompt checkpoint curves (labkit.grpo.checkpoint_curves) ------------------
     checkpoint_every: int = 10
     """iterations between a GRPO run's fixed-prompt checkpoints (also at its start and end); 0: none"""
     checkpoint_problems: int = 64
@@ -195,30 +195,30 @@ PRESETS = {"qwen": QWEN, "tiny": TINY}
 # so that no two streams are the same; one table, so that a new stream is given an offset apart
 # from all the others.
 SEED_OFFSETS = {
-    "warm_start_data_order": 101,  # labkit.sft: the warm start's permutations of its 128 examples
-    "sft_data_order": 202,  # labkit.sft: the additional SFT's permutations of its 872 examples
-    "grpo_prompt_order": 303,  # labkit.grpo: the permutations of the 872-problem pool
-    "grpo_generation": 404,  # labkit.grpo: the sampling seeds of the rollouts
-    "random_reward": 505,  # labkit.variants: the random-reward control's Bernoulli draws
-    "group_size_validation_draws": 808,  # labkit.group_size: the seeds of its validation draws
+    "warm_start_data_order": 101,  # labkit.train.sft: the warm start's permutations of its 128 examples
+    "sft_data_order": 202,  # labkit.train.sft: the additional SFT's permutations of its 872 examples
+    "grpo_prompt_order": 303,  # labkit.grpo.loop: the permutations of the 872-problem pool
+    "grpo_generation": 404,  # labkit.grpo.loop: the sampling seeds of the rollouts
+    "random_reward": 505,  # labkit.grpo.variants: the random-reward control's Bernoulli draws
+    "group_size_validation_draws": 808,  # labkit.studies.group_size: the seeds of its validation draws
 }
 # Streams seeded with a fixed number, not from config.seed (they are not part of a preset's runs).
 FIXED_SEEDS = {
-    "reward_model": 4242,  # labkit.reward_model: the global RNGs before its sampling (each response has its own hashed seed)
-    "tuning_validation_draws": 4242,  # labkit.tuning: the validation draws that compare learning rates
+    "reward_model": 4242,  # labkit.studies.reward_model: the global RNGs before its sampling (each response has its own hashed seed)
+    "tuning_validation_draws": 4242,  # labkit.studies.tuning: the validation draws that compare learning rates
 }
 
 
 # --- The settings of the lab's other runs: the tiny base's two phases, the format base, the learned verifier ---
 # (one preset each: the qwen preset starts from the published model and never pretrains.)
 
-# labkit.corpus: the pretraining corpus's document stream; every phase's own stream is an offset of it
+# labkit.train.corpus: the pretraining corpus's document stream; every phase's own stream is an offset of it
 CORPUS_SEED = 31_415
 
 
 @dataclass(frozen=True)
 class AnswerPhaseConfig:
-    """The tiny base's second phase (labkit.answer_phase): statements and their answers, loss on the answers."""
+    """The tiny base's second phase (labkit.train.answer_phase): statements and their answers, loss on the answers."""
 
     steps: int = 12000
     """answer-phase updates: about 50-60 minutes on one CPU thread (~0.25-0.3 s a step)"""
@@ -256,12 +256,12 @@ class AnswerPhaseConfig:
 
 @dataclass(frozen=True)
 class PretrainConfig:
-    """The tiny base's pretraining (labkit.pretrain): the corpus phase, then `answer`, the answer phase."""
+    """The tiny base's pretraining (labkit.train.pretrain): the corpus phase, then `answer`, the answer phase."""
 
     seed: int = 0
     """initialises the model (the corpus has its own seed)"""
     corpus_seed: int = CORPUS_SEED
-    """seeds the corpus's document stream (labkit.corpus)"""
+    """seeds the corpus's document stream (labkit.train.corpus)"""
     steps: int = 12000
     """corpus-phase updates: about 30-40 minutes on one CPU thread (~0.16-0.2 s a step)"""
     rows_per_step: int = 4
@@ -295,7 +295,7 @@ class PretrainConfig:
     threads: int = 1
     """torch CPU threads: 1 makes the pretraining deterministic (and the committed base reproducible)"""
     answer: AnswerPhaseConfig = AnswerPhaseConfig()
-    """the second phase (labkit.answer_phase): dense answer-only practice on statements"""
+    """the second phase (labkit.train.answer_phase): dense answer-only practice on statements"""
 
 
 @dataclass(frozen=True)

@@ -20,7 +20,7 @@
     reasoning            python -m labkit reasoning                reasoning/      (tiny only, chapter 11)
 
 A step whose output is finished is skipped (finished runs are evidence and are
-never overwritten); with `rebuild_stale`, a step that `labkit.cache` finds stale
+never overwritten); with `rebuild_stale`, a step that `labkit.lab.cache` finds stale
 is moved aside to `runs/<preset>/stale/` first and rebuilt.  Each step's wall
 time goes to `runs/<preset>/protocol_times.json`; each built step's inputs are
 recorded in `runs/<preset>/cache.json`.
@@ -34,8 +34,9 @@ import sys
 import time
 from pathlib import Path
 
-from . import cache, larger_run, overoptimisation, reasoning, thinking_base
-from .runs import REPO_ROOT, is_finished, read_json, write_json
+from .lab import cache
+from .studies import larger_run, overoptimisation, reasoning, thinking_base
+from .lab.runs import REPO_ROOT, is_finished, read_json, write_json
 
 
 def _done(preset: str, step: str) -> bool:

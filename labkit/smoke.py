@@ -105,12 +105,16 @@ import torch
 
 # Every lab module the stages call is imported here, at the start: a run takes minutes, and a
 # module first imported half-way through would be whatever the file holds by then.
-from . import evaluate, grpo, losses, memory, models, runtime, sampling, scoring, sft
-from . import state as state_lib
+from .eval import evaluate
+from .grpo import loop as grpo, losses
+from .lab import memory, runtime
+from .models import presets as models, sampling, scoring
+from .train import sft
+from .lab import state as state_lib
 from .config import get_preset
-from .runs import REPO_ROOT, display_path, ensure_not_finished, mark_finished, write_json
-from .runtime import deterministic, seed_everything
-from .tokenizer import ASSET_DIR
+from .lab.runs import REPO_ROOT, display_path, ensure_not_finished, mark_finished, write_json
+from .lab.runtime import deterministic, seed_everything
+from .models.tokenizer import ASSET_DIR
 
 SMOKE_FILE = "smoke.json"
 SMOKE_FORMAT = "labkit smoke v1"
@@ -950,7 +954,7 @@ REWARDS = ("synthetic", "verifier")
 def check_arguments(preset: str, random_weights: bool, device: str, layers: int, max_new_tokens: int,
                     eval_problems: int, rewards: str, head_dim: int = QWEN_HEAD_DIM) -> None:
     """Refuse (ValueError) what the smoke cannot do, naming the value and the rule."""
-    from .sampling import MAX_NEW_TOKENS
+    from .models.sampling import MAX_NEW_TOKENS
 
     if preset != "qwen":
         raise ValueError(f"--preset {preset!r}: the smoke builds the qwen architecture (the tiny preset runs "

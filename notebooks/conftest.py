@@ -1,6 +1,6 @@
 """nbval's kernels start one at a time across processes, with the chapters' knobs drawn as static figures.
 
-The knobs (`labkit.knobs`) show sliders in JupyterLab; a widget's output names a random model id,
+The knobs (`labkit.book.knobs`) show sliders in JupyterLab; a widget's output names a random model id,
 so under nbval they draw their figure at the default setting instead (LABKIT_KNOBS=0, inherited
 by every kernel started from here), as the stored outputs do.
 

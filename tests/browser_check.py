@@ -206,7 +206,7 @@ def check_book(html_dir: Path, screenshots: Path) -> int:
     from playwright.sync_api import sync_playwright
 
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-    from labkit.book import book_pages
+    from labkit.book.build import book_pages
 
     if not (html_dir / "index.html").is_file():
         print(f"{html_dir} has no index.html: build the book first (make book)", file=sys.stderr)

@@ -23,8 +23,8 @@ import subprocess
 import sys
 
 # What the server imports before it forks (the CLI imports its commands' modules lazily).
-PRELOAD = ["torch", "transformers", "labkit.cli", "labkit.grpo", "labkit.sft", "labkit.models", "labkit.evaluate",
-           "labkit.tuning"]
+PRELOAD = ["torch", "transformers", "labkit.cli", "labkit.grpo.loop", "labkit.train.sft", "labkit.models.presets", "labkit.eval.evaluate",
+           "labkit.studies.tuning"]
 _CONTEXT = None
 
 

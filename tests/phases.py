@@ -68,7 +68,7 @@ GROUPS = [
      ("browser check", [PY, "tests/browser_check.py", "_build/html", "--screenshots", "_build/screenshots"], {}),
      ("browser check, student book",
       ["sh", "-c", f"{PY} tests/browser_check.py {STUDENT_HTML} --screenshots _build/screenshots/student && "
-                   f"{PY} -m labkit.book check-student {STUDENT_HTML}"], {})],
+                   f"{PY} -m labkit.book.build check-student {STUDENT_HTML}"], {})],
 ]
 NAMES = [name for group in GROUPS for name, _, _ in group]
 

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from labkit import ablations, sweep
-from labkit.exercises import reveal as reveals
+from labkit.studies import ablations, sweep
+from labkit.book.exercises import reveal as reveals
 from labkit.config import get_preset
 
 SPEC = json.loads(ablations.SWEEP_FILE.read_text())
@@ -18,7 +18,7 @@ SPEC = json.loads(ablations.SWEEP_FILE.read_text())
 
 @functools.lru_cache(maxsize=1)
 def _labels() -> dict:
-    from labkit import evaluate
+    from labkit.eval import evaluate
 
     return {r["id"]: r for r in evaluate.load_test_labels(phase=evaluate.SCORING_PHASE)}
 
@@ -116,7 +116,7 @@ def test_a_summary_is_its_runs_own_files_recomputed():
 
 
 def _correct(row: dict) -> int:
-    from labkit import verifier
+    from labkit.task import verifier
 
     label = _labels()[row["problem_id"]]
     return int(verifier.score(row["text"], row["finish_reason"], label["problem"], row["tokenization_valid"]).reward)
@@ -154,7 +154,7 @@ def test_every_reveal_measures_from_the_files_and_explains(reveal, prediction, t
 def test_the_gradient_study_is_read_only_when_its_digest_holds(tmp_path, monkeypatch):
     import shutil
 
-    from labkit import runs
+    from labkit.lab import runs
 
     source = runs.preset_folder("tiny", "gradient_study")
     copy = tmp_path / "runs" / "tiny" / "gradient_study"
@@ -168,8 +168,8 @@ def test_the_gradient_study_is_read_only_when_its_digest_holds(tmp_path, monkeyp
 
 
 def test_a_p_at_the_monte_carlo_floor_is_printed_as_a_bound():
-    from labkit import paired
-    from labkit.runs import REPO_ROOT
+    from labkit.eval import paired
+    from labkit.lab.runs import REPO_ROOT
 
     rows = ablations.table()
     bound = [r for r in rows if r.get("test_p_is_bound")]

@@ -1,9 +1,9 @@
-"""Adam's first step is lr x sign(g) whatever the loss's scale; SGD's is lr x g (labkit.adam_step)."""
+"""Adam's first step is lr x sign(g) whatever the loss's scale; SGD's is lr x g (labkit.train.adam_step)."""
 
 import pytest
 import torch
 
-from labkit import adam_step
+from labkit.train import adam_step
 
 
 def _model():

@@ -6,11 +6,12 @@ import json
 import pytest
 import torch
 
-from labkit import agreement, sampling
-from labkit.evaluate import eval_seed
-from labkit.models import new_tiny_model, save_model
-from labkit.runs import RunExistsError, read_json
-from labkit.tokenizer import load_tiny_tokenizer
+from labkit.eval import agreement
+from labkit.models import sampling
+from labkit.eval.evaluate import eval_seed
+from labkit.models.presets import new_tiny_model, save_model
+from labkit.lab.runs import RunExistsError, read_json
+from labkit.models.tokenizer import load_tiny_tokenizer
 
 PROBLEMS = 3  # the first 3 test statements
 DRAWS = 2

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from labkit import book
+from labkit.book import build as book
 
 PAGE = """<!DOCTYPE html><html><head>
 <script src="_static/local.js"></script>
@@ -54,7 +54,7 @@ import re  # noqa: E402
 from dataclasses import fields  # noqa: E402
 
 from labkit.config import QWEN, TINY  # noqa: E402
-from labkit.runs import REPO_ROOT  # noqa: E402
+from labkit.lab.runs import REPO_ROOT  # noqa: E402
 
 _NUMBER = re.compile(r"\d[\d,]*(?:\.\d+)?(?:e-?\d+)?%?")
 
@@ -102,8 +102,8 @@ def test_protocol_page_states_every_config_value_of_both_presets():
 
 
 def test_protocol_page_states_the_tiny_model_size():
-    from labkit import models
-    from labkit.tokenizer import load_tiny_tokenizer
+    from labkit.models import presets as models
+    from labkit.models.tokenizer import load_tiny_tokenizer
 
     text = (REPO_ROOT / "book" / "protocol.md").read_text(encoding="utf-8")
     arch = models.TINY_ARCH
@@ -113,7 +113,7 @@ def test_protocol_page_states_the_tiny_model_size():
     vocab = f"{arch['vocab_size']:,} / {len(load_tiny_tokenizer()):,}"
     for row in (f"| 494,032,768 | {count:,} |", f"| 896 / 24 / 14 / 2 / 4,864 | {shape} |",
                 f"| 151,936 / 151,665 | {vocab} |"):
-        assert row in text, f"book/protocol.md lacks {row!r}: update it from labkit/models.py"
+        assert row in text, f"book/protocol.md lacks {row!r}: update it from labkit/models/presets.py"
 
 
 # ------------------------------------------------------------------ book/instructor.md
@@ -133,9 +133,9 @@ def test_the_instructor_page_quotes_its_own_smoke_table():
 
 def test_the_glossary_names_the_code_as_it_is():
     """Every `config.<field>` and every labkit function the glossary's symbol table names exists (issue 44)."""
-    import labkit.evaluate
-    import labkit.losses
-    import labkit.verifier
+    import labkit.eval.evaluate
+    import labkit.grpo.losses
+    import labkit.task.verifier
 
     text = (REPO_ROOT / "book" / "glossary.md").read_text(encoding="utf-8")
     table = text.split("```{glossary}")[0]
@@ -145,11 +145,11 @@ def test_the_glossary_names_the_code_as_it_is():
     functions = re.findall(r"`(?:labkit\.(evaluate|verifier)\.)?([a-z_]+)\(", table)
     assert len(functions) >= 5
     for module, name in functions:
-        assert hasattr({"evaluate": labkit.evaluate, "verifier": labkit.verifier}.get(module, labkit.losses), name), name
+        assert hasattr({"evaluate": labkit.eval.evaluate, "verifier": labkit.task.verifier}.get(module, labkit.grpo.losses), name), name
 
 
 def test_a_streams_chunks_are_stored_merged():
-    from labkit.book import coalesce_streams
+    from labkit.book.build import coalesce_streams
 
     outs = [{"output_type": "stream", "name": "stdout", "text": "a\n"},
             {"output_type": "stream", "name": "stdout", "text": "b\n"},

@@ -2,7 +2,7 @@
 
 import pytest
 
-from labkit import cache
+from labkit.lab import cache
 
 
 def _verdicts(stale: set[str]) -> dict:
@@ -62,7 +62,7 @@ def _labkit_imports(path, seen):
 @pytest.mark.parametrize("step", cache.STEPS, ids=cache.STEP_NAMES)
 def test_every_module_a_step_imports_is_one_of_its_inputs(step):
     """A change to any code that made a step makes the step stale (the base's stated exceptions aside)."""
-    from labkit.runs import REPO_ROOT
+    from labkit.lab.runs import REPO_ROOT
 
     seen = set()
     for name in step.code:
@@ -84,9 +84,9 @@ def test_the_committed_base_has_the_architecture_models_builds_today():
     draws differently under ATEN_CPU_CAPABILITY=default), and the base was made on one machine."""
     import json
 
-    from labkit import models
-    from labkit.runs import REPO_ROOT
-    from labkit.tokenizer import load_tiny_tokenizer
+    from labkit.models import presets as models
+    from labkit.lab.runs import REPO_ROOT
+    from labkit.models.tokenizer import load_tiny_tokenizer
 
     built = json.loads(models.tiny_model_config(load_tiny_tokenizer()).to_json_string())
     assert built == json.loads((REPO_ROOT / "runs" / "tiny" / "base" / "config.json").read_text())
@@ -99,7 +99,7 @@ def test_the_committed_base_was_pretrained_with_todays_settings():
     from dataclasses import asdict
 
     from labkit.config import PretrainConfig
-    from labkit.runs import REPO_ROOT
+    from labkit.lab.runs import REPO_ROOT
 
     recorded = json.loads((REPO_ROOT / "runs" / "tiny" / "base" / "manifest.json").read_text())["config"]
     assert asdict(PretrainConfig()) == recorded

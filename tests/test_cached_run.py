@@ -12,9 +12,10 @@ import subprocess
 
 import pytest
 
-from labkit import cache, evaluate
-from labkit.grpo import read_rollouts
-from labkit.runs import REPO_ROOT, RunFolder, is_finished, read_json
+from labkit.lab import cache
+from labkit.eval import evaluate
+from labkit.grpo.loop import read_rollouts
+from labkit.lab.runs import REPO_ROOT, RunFolder, is_finished, read_json
 
 RUN = REPO_ROOT / "runs" / "tiny"
 # The cached run is committed: a clone without it is broken, so these tests fail (never skip) on one.

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from labkit import cli
-from labkit.runs import REPO_ROOT, sha256_file
+from labkit.lab.runs import REPO_ROOT, sha256_file
 
 GRPO_RUN = REPO_ROOT / "runs" / "tiny" / "grpo"
 
@@ -124,7 +124,7 @@ def test_a_full_disk_during_a_state_save_names_the_file_and_leaves_nothing(tmp_p
 
     import torch
 
-    from labkit import state as state_lib
+    from labkit.lab import state as state_lib
 
     real_fdopen = os.fdopen
 
@@ -157,11 +157,11 @@ def test_a_full_disk_during_a_state_save_names_the_file_and_leaves_nothing(tmp_p
 
 
 def test_every_hint_names_a_command_that_exists():
-    """Each `python -m labkit CMD` (and `python -m labkit.book CMD`) a message or docstring gives parses
+    """Each `python -m labkit CMD` (and `python -m labkit.book.build CMD`) a message or docstring gives parses
     with --help."""
     import re
 
-    from labkit import book
+    from labkit.book import build as book
 
     found = set()
     for path in sorted((REPO_ROOT / "labkit").rglob("*.py")):

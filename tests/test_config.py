@@ -6,7 +6,10 @@ from dataclasses import fields
 
 import pytest
 
-from labkit import agreement, config, evaluate, models, sampling, scoring, sft
+from labkit.eval import agreement, evaluate
+from labkit import config
+from labkit.models import presets as models, sampling, scoring
+from labkit.train import sft
 from labkit.config import QWEN, TINY
 
 

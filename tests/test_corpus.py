@@ -7,11 +7,12 @@ import re
 import pytest
 import torch
 
-from labkit import corpus, pretrain, task
-from labkit.answer_phase import AnswerPhaseConfig
-from labkit.models import TINY_BASE_DIR, load_state_into, new_tiny_model, parameter_digest
-from labkit.runs import RunExistsError, read_json, read_jsonl
-from labkit.tokenizer import load_tiny_tokenizer
+from labkit.train import corpus, pretrain
+from labkit.task import problems as task
+from labkit.train.answer_phase import AnswerPhaseConfig
+from labkit.models.presets import TINY_BASE_DIR, load_state_into, new_tiny_model, parameter_digest
+from labkit.lab.runs import RunExistsError, read_json, read_jsonl
+from labkit.models.tokenizer import load_tiny_tokenizer
 
 
 @pytest.fixture(scope="module")

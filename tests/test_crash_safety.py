@@ -8,13 +8,13 @@ import textwrap
 
 import pytest
 
-from labkit.runs import REPO_ROOT, read_json, write_json
+from labkit.lab.runs import REPO_ROOT, read_json, write_json
 
 # The child writes version 1, then starts writing version 2 with a disk that never finishes
 # (fsync blocks), and is killed there with SIGKILL: no Python clean-up code can run.
 CHILD = textwrap.dedent("""
     import os, sys, time
-    from labkit import runs
+    from labkit.lab import runs
     path = sys.argv[1]
     runs.write_json(path, {"version": 1, "rows": list(range(10))})
     def stuck_fsync(fd):

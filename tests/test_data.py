@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from labkit import data, task
-from labkit.data import PhaseError
-from labkit.task import Problem, solve
+from labkit.task import data, problems as task
+from labkit.task.data import PhaseError
+from labkit.task.problems import Problem, solve
 
 
 @pytest.fixture(scope="module")
@@ -142,7 +142,7 @@ def test_joined_needs_a_named_phase_and_gives_test_labels_to_scoring_only():
     with pytest.raises(PhaseError, match="predictions are made from statements only"):
         data.joined("test", phase="inference")
     assert len(data.joined("train", phase="learning")) == 1000
-    from labkit import evaluate
+    from labkit.eval import evaluate
 
     with pytest.raises(PhaseError, match="predictions are made from statements only"):
         evaluate.load_test_labels(phase="inference")
@@ -162,7 +162,7 @@ def test_a_copied_evaluation_folder_is_still_an_inference_output(tmp_path):
 
 
 def test_the_committed_evaluation_manifests_mark_their_phase():
-    from labkit import evaluate
+    from labkit.eval import evaluate
 
     for policy in evaluate.POLICIES:
         folder = data.REPO_ROOT / "runs" / "tiny" / "evaluation" / policy

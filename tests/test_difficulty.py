@@ -4,9 +4,9 @@ import random
 
 import pytest
 
-from labkit import difficulty, evaluate
-from labkit.runs import REPO_ROOT, read_json, write_json, write_jsonl
-from labkit.task import Problem
+from labkit.eval import difficulty, evaluate
+from labkit.lab.runs import REPO_ROOT, read_json, write_json, write_jsonl
+from labkit.task.problems import Problem
 
 EVALUATION = REPO_ROOT / "runs" / "tiny" / "evaluation"
 
@@ -130,7 +130,7 @@ def test_bad_problems_and_bins_are_refused():
         difficulty.carries_and_borrows({"initial": 10, "deliveries": [0, 0], "withdrawals": [20, 0]})
     with pytest.raises(ValueError, match="lacks the field"):
         difficulty.carries_and_borrows({"initial": 10, "deliveries": [0, 0]})
-    with pytest.raises(ValueError, match="a dict or a labkit.task.Problem"):
+    with pytest.raises(ValueError, match="a dict or a labkit.task.problems.Problem"):
         difficulty.carries_and_borrows([10, 0, 0, 0, 0])
     with pytest.raises(ValueError, match="target"):
         difficulty.magnitude_bin(-1)
@@ -167,7 +167,7 @@ TARGETS = {r["id"]: r["target"] for r in LABELS}
 
 
 def prediction(pid, mode, draw, answer, finish_reason="eos"):
-    """A prediction row with the fields run_inference writes (labkit.evaluate.prediction_rows)."""
+    """A prediction row with the fields run_inference writes (labkit.eval.evaluate.prediction_rows)."""
     text = answer if isinstance(answer, str) else f'{{"final_stock": {answer}}}'
     return {"problem_id": pid, "population": next(r["population"] for r in LABELS if r["id"] == pid),
             "mode": mode, "draw": draw, "seed": None if mode == "greedy" else evaluate.eval_seed(pid, draw),

@@ -9,8 +9,12 @@ from fractions import Fraction
 import pytest
 import torch
 
-from labkit import cli, data, evaluate, models, runs, verifier
-from labkit.runs import RunExistsError, is_finished, read_json, read_jsonl, write_jsonl
+from labkit import cli
+from labkit.task import data, verifier
+from labkit.eval import evaluate
+from labkit.models import presets as models
+from labkit.lab import runs
+from labkit.lab.runs import RunExistsError, is_finished, read_json, read_jsonl, write_jsonl
 
 NEW_TOKENS = 6  # short responses keep the tests fast; nothing here depends on the length
 LIMIT = 2  # problems per population: 4 problems, 4 greedy and 16 sampled responses per policy

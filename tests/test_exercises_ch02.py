@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from labkit import exercises
+from labkit.book import exercises
 
 
 def right(logits, response_ids):

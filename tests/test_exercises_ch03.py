@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from labkit.exercises import ExerciseError, check_ch03_group_advantages
-from labkit.losses import group_advantages
+from labkit.book.exercises import ExerciseError, check_ch03_group_advantages
+from labkit.grpo.losses import group_advantages
 
 
 def test_the_reference_passes(capsys):

@@ -2,8 +2,8 @@
 
 import pytest
 
-from labkit import exercises
-from labkit.runs import RunFolder, write_json
+from labkit.book import exercises
+from labkit.lab.runs import RunFolder, write_json
 
 
 def right(rows):

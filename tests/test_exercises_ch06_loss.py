@@ -6,8 +6,8 @@ warm start in float64 (`_ch06_loss_batch`), built once for the module."""
 import pytest
 import torch
 
-from labkit import exercises
-from labkit.exercises.ch06 import _ch06_loss_batch
+from labkit.book import exercises
+from labkit.book.exercises.ch06 import _ch06_loss_batch
 
 
 @pytest.fixture(scope="module")
@@ -72,7 +72,7 @@ def test_each_slip_is_named(batch, slip, named):
 def test_the_batch_makes_every_slip_visible(batch):
     """Each slip gives a value of its own on this batch (else the checker could not name it): the clip
     acts, advantages differ, responses differ in length and the KL is not negligible."""
-    from labkit.exercises.ch06 import _ch06_loss_variants
+    from labkit.book.exercises.ch06 import _ch06_loss_variants
 
     values = [v.item() for v in _ch06_loss_variants(batch, batch["logits_cur"]).values()]
     assert min(abs(a - b) for i, a in enumerate(values) for b in values[i + 1:]) > 1e-6

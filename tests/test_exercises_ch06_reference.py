@@ -3,7 +3,8 @@ that misses one way of breaking the reference is told which one."""
 
 import pytest
 
-from labkit import exercises, models
+from labkit.book import exercises
+from labkit.models import presets as models
 
 
 def right(reference, policy, start_digest):

@@ -4,7 +4,8 @@ import math
 
 import pytest
 
-from labkit import evaluate, exercises
+from labkit.eval import evaluate
+from labkit.book import exercises
 
 
 def unbiased(n, c, k):

@@ -3,7 +3,7 @@ first case) makes all-right and all-wrong equally likely."""
 
 import pytest
 
-from labkit import exercises
+from labkit.book import exercises
 
 
 def right(p, G):

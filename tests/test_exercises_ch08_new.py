@@ -4,8 +4,8 @@ zero-signal fraction of a batch of prompts of different difficulty. Right answer
 import pytest
 import torch
 
-from labkit import exercises
-from labkit.losses import group_advantages
+from labkit.book import exercises
+from labkit.grpo.losses import group_advantages
 
 
 # -- the advantage check ------------------------------------------------------------------------------
@@ -40,7 +40,7 @@ def test_a_right_check_passes(capsys):
 
 
 def test_the_real_rewards_have_both_kinds_of_group():
-    from labkit.exercises.ch08 import _ch08_rewards
+    from labkit.book.exercises.ch08 import _ch08_rewards
 
     rewards = _ch08_rewards()
     constant = (rewards == rewards[:, :1]).all(dim=1)

@@ -2,8 +2,8 @@
 
 import pytest
 
-from labkit import exercises
-from labkit.exercises.ch09 import CRASH_HINT
+from labkit.book import exercises
+from labkit.book.exercises.ch09 import CRASH_HINT
 
 
 def count_updates(histories):

@@ -2,8 +2,9 @@
 
 import pytest
 
-from labkit import difficulty, exercises
-from labkit.exercises import ExerciseError
+from labkit.eval import difficulty
+from labkit.book import exercises
+from labkit.book.exercises import ExerciseError
 
 
 def by_digit_sums(problem):
@@ -96,7 +97,7 @@ def test_the_worked_columns_are_spelled_out():
 def test_each_case_separates_the_mistake_it_names():
     """Every mistake the checker names is wrong on at least one case, and the decoys are what the
     student-style implementations above compute."""
-    from labkit.exercises.ch10 import _decoys
+    from labkit.book.exercises.ch10 import _decoys
 
     students = {"final carry": make(add_no_final, subtract_right), "ripple": make(add_right, subtract_no_ripple),
                 "carry in": make(add_no_carry_in, subtract_right), "borrows": make(add_right, lambda a, b: 0)}

@@ -2,9 +2,9 @@
 
 import pytest
 
-from labkit import reasoning
-from labkit.exercises import ExerciseError, check_ch11_process_reward
-from labkit.exercises.ch11 import CH11_HINTS, _decoys
+from labkit.studies import reasoning
+from labkit.book.exercises import ExerciseError, check_ch11_process_reward
+from labkit.book.exercises.ch11 import CH11_HINTS, _decoys
 
 
 def test_the_lab_s_own_process_reward_passes(capsys):

@@ -1,4 +1,4 @@
-"""The shape of labkit.exercises: one module per chapter, one place that calls the student's code.
+"""The shape of labkit.book.exercises: one module per chapter, one place that calls the student's code.
 
 These tests read the package's source and the notebooks; they run no checker.
 """
@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from labkit import exercises
+from labkit.book import exercises
 
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGE = ROOT / "labkit" / "exercises"
@@ -27,7 +27,7 @@ def module_source(name: str) -> str:
 
 
 def test_the_old_single_module_is_gone_and_every_chapter_has_its_module():
-    assert not (ROOT / "labkit" / "exercises.py").exists(), "labkit/exercises.py would shadow nothing but confuse"
+    assert not (ROOT / "labkit" / "exercises.py").exists(), "labkit/book/exercises.py would shadow nothing but confuse"
     assert CHAPTERS == [f"ch{n:02d}" for n in range(1, 12)]
     modules = sorted(p.stem for p in PACKAGE.glob("*.py"))
     assert modules == sorted(["__init__", HELPER, PREDICT, REVEAL, *CHAPTERS])
@@ -48,14 +48,14 @@ def test_each_chapter_module_holds_its_own_checkers_and_no_others(chapter):
 def test_every_checker_the_package_exports_comes_from_its_chapter_module():
     exported = [name for name in dir(exercises) if name.startswith("check_") and name != "check_prediction"]
     assert {name[len("check_"):][:4] for name in exported} == set(CHAPTERS), exported
-    assert exercises.check_prediction.__module__ == f"labkit.exercises.{PREDICT}"
+    assert exercises.check_prediction.__module__ == f"labkit.book.exercises.{PREDICT}"
     reveals = [name for name in dir(exercises) if name.startswith("reveal_")]
-    assert reveals and all(getattr(exercises, n).__module__ == f"labkit.exercises.{REVEAL}" for n in reveals)
+    assert reveals and all(getattr(exercises, n).__module__ == f"labkit.book.exercises.{REVEAL}" for n in reveals)
     for name in exported:
         chapter = name[len("check_"):][:4]
-        assert getattr(exercises, name).__module__ == f"labkit.exercises.{chapter}", name
-    assert exercises.ExerciseError.__module__ == f"labkit.exercises.{HELPER}"
-    assert exercises.call_student.__module__ == f"labkit.exercises.{HELPER}"
+        assert getattr(exercises, name).__module__ == f"labkit.book.exercises.{chapter}", name
+    assert exercises.ExerciseError.__module__ == f"labkit.book.exercises.{HELPER}"
+    assert exercises.call_student.__module__ == f"labkit.book.exercises.{HELPER}"
 
 
 def _student_calls_in_try_blocks(tree: ast.Module) -> list[tuple[str, int]]:
@@ -124,7 +124,7 @@ def _names_used_by_notebooks() -> set[str]:
             source = "".join(cell["source"])
             names |= set(re.findall(r"\bexercises\.(\w+)", source))
             for node in ast.walk(ast.parse(source)):
-                if isinstance(node, ast.ImportFrom) and node.module == "labkit.exercises":
+                if isinstance(node, ast.ImportFrom) and node.module == "labkit.book.exercises":
                     names |= {alias.name for alias in node.names}
     return names
 
@@ -133,7 +133,7 @@ def test_the_package_still_exposes_every_name_the_notebooks_use():
     names = _names_used_by_notebooks()
     assert {f"check_ch{n:02d}" for n in range(1, 11)} <= {name[:10] for name in names}, names
     missing = sorted(name for name in names if not hasattr(exercises, name))
-    assert missing == [], f"labkit.exercises no longer exposes {missing}, which the notebooks use"
+    assert missing == [], f"labkit.book.exercises no longer exposes {missing}, which the notebooks use"
 
 
 def test_the_package_still_exposes_every_name_the_tests_use():
@@ -143,8 +143,8 @@ def test_the_package_still_exposes_every_name_the_tests_use():
         for node in ast.walk(tree):
             if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id == "exercises":
                 names.add(node.attr)
-            elif isinstance(node, ast.ImportFrom) and node.module == "labkit.exercises":
+            elif isinstance(node, ast.ImportFrom) and node.module == "labkit.book.exercises":
                 names |= {alias.name for alias in node.names}
     assert {"ExerciseError", "_ch06_cases"} <= names
     missing = sorted(name for name in names if not hasattr(exercises, name))
-    assert missing == [], f"labkit.exercises no longer exposes {missing}, which the tests use"
+    assert missing == [], f"labkit.book.exercises no longer exposes {missing}, which the tests use"

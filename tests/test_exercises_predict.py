@@ -2,7 +2,7 @@
 
 import pytest
 
-from labkit.exercises import ExerciseError, check_prediction
+from labkit.book.exercises import ExerciseError, check_prediction
 
 
 def test_a_number_is_compared_within_its_tolerance(capsys):

@@ -36,8 +36,9 @@ from pathlib import Path
 import pytest
 
 from forked_cli import ForkedProcess
-from labkit import grpo, state as state_lib
-from labkit.runs import REPO_ROOT, ArtifactError, is_finished, read_json, sha256_file
+from labkit.grpo import loop as grpo
+from labkit.lab import state as state_lib
+from labkit.lab.runs import REPO_ROOT, ArtifactError, is_finished, read_json, sha256_file
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="SIGKILL and /proc/self/fd: Linux")
 
@@ -414,7 +415,7 @@ def test_a_state_whose_bytes_differ_from_the_ledger_is_refused_in_one_line(tmp_p
 
 HOLDER = textwrap.dedent("""
     import sys, time
-    from labkit.runs import hold_folder
+    from labkit.lab.runs import hold_folder
     hold_folder(sys.argv[1])
     print("held", flush=True)
     time.sleep(3600)

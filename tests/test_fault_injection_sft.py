@@ -11,8 +11,8 @@ import time
 
 import pytest
 
-from labkit import state as state_lib
-from labkit.runs import is_finished, read_json, sha256_file
+from labkit.lab import state as state_lib
+from labkit.lab.runs import is_finished, read_json, sha256_file
 from test_fault_injection import flip_bit, launch  # noqa: F401  (launch is a fixture)
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="SIGKILL and /proc/self/fd: Linux")

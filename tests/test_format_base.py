@@ -1,13 +1,16 @@
-"""The format-seeded base (labkit.format_base): its documents, its stop rule, the committed run."""
+"""The format-seeded base (labkit.studies.format_base): its documents, its stop rule, the committed run."""
 
 import json
 import random
 
 import pytest
 
-from labkit import corpus, format_base, models, task, verifier
-from labkit.evaluate import load_test_labels, read_predictions
-from labkit.runs import REPO_ROOT, read_json
+from labkit.train import corpus
+from labkit.studies import format_base
+from labkit.models import presets as models
+from labkit.task import problems as task, verifier
+from labkit.eval.evaluate import load_test_labels, read_predictions
+from labkit.lab.runs import REPO_ROOT, read_json
 
 COMMITTED = REPO_ROOT / "runs" / "tiny" / "format_base"
 

@@ -7,9 +7,10 @@ import math
 import pytest
 import torch
 
-from labkit import gradient_study as gs
-from labkit import losses, models
-from labkit.tokenizer import load_tiny_tokenizer
+from labkit.studies import gradient_study as gs
+from labkit.grpo import losses
+from labkit.models import presets as models
+from labkit.models.tokenizer import load_tiny_tokenizer
 
 
 def test_the_advantage_schemes_by_hand():
@@ -67,7 +68,7 @@ def test_a_batch_gradient_is_the_clipped_surrogates_at_ratio_one():
     model.eval()
     tokenizer = load_tiny_tokenizer()
     chosen = [{"id": f"p{k}", "statement": f"Start with {k + 3} items.", "problem": None} for k in range(2)]
-    from labkit import sampling
+    from labkit.models import sampling
 
     original, calls = sampling.verifier.score, []
 
@@ -80,7 +81,7 @@ def test_a_batch_gradient_is_the_clipped_surrogates_at_ratio_one():
         grads, rewards = gs.batch_gradients(model, tokenizer, chosen, 2, [1, 2, 3, 4], ("mean_std",))
     finally:
         sampling.verifier.score = original
-    from labkit import scoring
+    from labkit.models import scoring
 
     assert rewards.tolist() == [[1.0, 0.0], [0.0, 1.0]]
     prompts = [scoring.build_prompt_ids(tokenizer, p["statement"]) for p in chosen]

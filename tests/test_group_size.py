@@ -3,9 +3,12 @@
 import pytest
 import torch
 
-from labkit import exercises, grpo, group_size as gs, models
+from labkit.book import exercises
+from labkit.grpo import loop as grpo
+from labkit.studies import group_size as gs
+from labkit.models import presets as models
 from labkit.config import TINY
-from labkit.runs import RunExistsError, read_json, write_json
+from labkit.lab.runs import RunExistsError, read_json, write_json
 
 # Short responses and few iterations keep the test fast: the exercise's logic does not depend on them.
 # Curves on 4 fixed problems, not 64: they run in every branch, at a second instead of ~14 per run.
@@ -107,7 +110,7 @@ def test_exercise_protection_unchanged_and_never_rerun(exercise):
     protection = read_json(root / "group_size" / "protection.json")
     assert protection["unchanged"] is True and protection["changed"] == []
     labels = {f["file"] for f in protection["files"]}
-    assert "runs/tiny/grpo/model.safetensors" in labels and "labkit/verifier.py" in labels
+    assert "runs/tiny/grpo/model.safetensors" in labels and "labkit/task/verifier.py" in labels
     assert "runs/tiny/evaluation/results.json#main_entries" in labels
     with pytest.raises(RunExistsError, match="never overwritten"):
         gs.run_exercise(SMALL, runs_root=root, code_root=exercise["code"], iterations=ITERATIONS,
@@ -136,7 +139,7 @@ def fake_tree(tmp_path):
     return root, code
 
 
-@pytest.mark.parametrize("target", ["grpo/model.safetensors", "grpo/history.json", "code:labkit/verifier.py",
+@pytest.mark.parametrize("target", ["grpo/model.safetensors", "grpo/history.json", "code:labkit/task/verifier.py",
                                     "results:grpo"])
 def test_protection_flips_and_names_the_changed_file(tmp_path, target):
     root, code = fake_tree(tmp_path)
@@ -204,7 +207,7 @@ def test_zero_signal_fraction_and_its_checker():
 
 
 def test_branches_are_evaluated_with_the_main_evaluations_settings(tmp_path, monkeypatch):
-    from labkit import evaluate
+    from labkit.eval import evaluate
 
     write_json(tmp_path / "warm_start" / evaluate.MANIFEST_FILE,
                {"sampler": "reference", "draws": 4, "max_new_tokens": 64, "batch_size": None})

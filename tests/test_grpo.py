@@ -6,8 +6,10 @@ import shutil
 import pytest
 import torch
 
-from labkit import grpo, models, state as state_lib
-from labkit.runs import sha256_file
+from labkit.grpo import loop as grpo
+from labkit.models import presets as models
+from labkit.lab import state as state_lib
+from labkit.lab.runs import sha256_file
 from labkit.config import TINY
 
 
@@ -297,7 +299,7 @@ def test_resume_takes_the_newest_state_and_autosaves_go_once_the_run_finishes(tm
 
 @pytest.mark.parametrize("damage", ["edited", "deleted"])
 def test_a_finished_runs_manifest_is_checked_before_its_model_is_trusted(tmp_path, continuous, damage):
-    from labkit.runs import ArtifactError, RunFolder
+    from labkit.lab.runs import ArtifactError, RunFolder
 
     folder = shutil.copytree(continuous[0], tmp_path / "run")
     manifest = folder / "manifest.json"

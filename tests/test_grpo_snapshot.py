@@ -13,7 +13,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from labkit import grpo, models, scoring
+from labkit.grpo import loop as grpo
+from labkit.models import presets as models, scoring
 from labkit.config import TINY
 
 SNAPSHOT = json.loads((Path(__file__).parent / "snapshots" / "grpo_loss.json").read_text())

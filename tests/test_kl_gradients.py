@@ -5,7 +5,7 @@ expectation."""
 import pytest
 import torch
 
-from labkit import kl_gradients as kg
+from labkit.studies import kl_gradients as kg
 
 
 def _logits(seed, V=7, scale=1.0):

@@ -11,7 +11,8 @@ import torch
 
 matplotlib.use("Agg")
 
-from labkit import knobs, losses  # noqa: E402
+from labkit.book import knobs
+from labkit.grpo import losses  # noqa: E402
 
 
 def sliders(box):

@@ -2,7 +2,7 @@
 
 import pytest
 
-from labkit import larger_run
+from labkit.studies import larger_run
 from labkit.config import TINY
 
 

@@ -1,4 +1,4 @@
-"""Tests of labkit.losses: advantages, the reduction, the clipped surrogate, exact KL, estimators."""
+"""Tests of labkit.grpo.losses: advantages, the reduction, the clipped surrogate, exact KL, estimators."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from labkit import losses
-from labkit.losses import (
+from labkit.grpo import losses
+from labkit.grpo.losses import (
     blockwise_logsumexp,
     clipped_surrogate,
     exact_prefix_kl,
@@ -413,8 +413,8 @@ def test_kl_benchmark_runs_small_and_blocked_needs_less_extra_memory(capsys):
 def test_exact_kl_on_real_tiny_model_distributions():
     # Probes from a real model: the committed tiny base against a copy moved by one SGD step on a
     # real prompt, so the two full next-token distributions differ the way a policy update makes them.
-    from labkit import models, scoring
-    from labkit.models import TINY_BASE_STATE
+    from labkit.models import presets as models, scoring
+    from labkit.models.presets import TINY_BASE_STATE
 
     assert TINY_BASE_STATE.is_file(), f"{TINY_BASE_STATE}: the committed tiny base is missing"
     torch.manual_seed(0)

@@ -1,10 +1,10 @@
-"""`labkit.memory`, the one memory meter (the smoke's stages, the KL benchmark)."""
+"""`labkit.lab.memory`, the one memory meter (the smoke's stages, the KL benchmark)."""
 
 import sys
 
 import pytest
 
-from labkit import memory
+from labkit.lab import memory
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="VmHWM and clear_refs are Linux's")

@@ -1,4 +1,4 @@
-"""Every key the lab writes is documented in labkit.metrics, and every documented name is written.
+"""Every key the lab writes is documented in labkit.grpo.metrics, and every documented name is written.
 
 The keys come from real runs made here (a 2-iteration GRPO run and a short SFT branch on the
 tiny model) and from the committed evaluation's results.json, so a new key cannot slip in
@@ -7,9 +7,11 @@ undocumented, and a documented name that nothing writes any more is reported too
 
 import pytest
 
-from labkit import grpo, metrics, models, sft
+from labkit.grpo import loop as grpo, metrics
+from labkit.models import presets as models
+from labkit.train import sft
 from labkit.config import TINY
-from labkit.runs import REPO_ROOT, read_json
+from labkit.lab.runs import REPO_ROOT, read_json
 
 
 @pytest.fixture(scope="module")
@@ -106,7 +108,7 @@ def test_the_learned_verifiers_fit_and_samples_are_documented():
     import gzip
     import json
 
-    from labkit import reward_model
+    from labkit.studies import reward_model
 
     assert keys(read_json(TINY_RUNS / "reward_model" / "history.json")) == set(metrics.REWARD_MODEL_FIT)
     with gzip.open(TINY_RUNS / "reward_model" / "samples.jsonl.gz", "rt") as f:

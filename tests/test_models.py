@@ -9,9 +9,9 @@ import pytest
 import torch
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
-from labkit import models
-from labkit.runs import read_json
-from labkit.tokenizer import load_tiny_tokenizer
+from labkit.models import presets as models
+from labkit.lab.runs import read_json
+from labkit.models.tokenizer import load_tiny_tokenizer
 
 
 @pytest.fixture(scope="module")
@@ -245,7 +245,7 @@ def test_saved_model_bytes_do_not_depend_on_the_header_order(tmp_path):
 
 
 def test_a_missing_or_damaged_tiny_tokenizer_is_named_with_the_way_to_restore_it(tmp_path):
-    from labkit.tokenizer import ASSET_DIR
+    from labkit.models.tokenizer import ASSET_DIR
 
     with pytest.raises(FileNotFoundError, match=r"no tiny tokenizer at .*tokenizer\.json; it is committed with the "
                                                 r"lab: restore it with `git checkout -- "):

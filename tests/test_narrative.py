@@ -7,8 +7,8 @@ from fractions import Fraction
 
 import pytest
 
-from labkit import narrative
-from labkit.evaluate import wilson_interval
+from labkit.book import narrative
+from labkit.eval.evaluate import wilson_interval
 
 
 def test_side_of_and_interval_verdicts():
@@ -93,7 +93,7 @@ def _sampled_rows(counts, draws=4):
     ([0, 1] * 20, [1, 0] * 3 + [0, 1] * 17),  # 3 gained, 3 lost: not separable
 ])
 def test_paired_call_reads_the_direction_and_the_test(a, b):
-    from labkit import paired
+    from labkit.eval import paired
 
     counts_a, counts_b = [4 * x for x in a], [min(4, 4 * x + (k % 2)) for k, x in enumerate(b)]
     names = ("warm_start", "rft")
@@ -110,8 +110,8 @@ def test_paired_call_reads_the_direction_and_the_test(a, b):
 
 
 def test_compare_named_names_the_two_sides():
-    from labkit import evaluate
-    from labkit.runs import REPO_ROOT
+    from labkit.eval import evaluate
+    from labkit.lab.runs import REPO_ROOT
 
     root = REPO_ROOT / "runs" / "tiny" / "evaluation"
     labels = evaluate.load_test_labels(phase="scoring")

@@ -11,8 +11,8 @@ import pytest
 
 matplotlib.use("Agg")
 
-from labkit import plots  # noqa: E402
-from labkit.runs import REPO_ROOT  # noqa: E402
+from labkit.book import plots  # noqa: E402
+from labkit.lab.runs import REPO_ROOT  # noqa: E402
 
 CHAPTER = REPO_ROOT / "notebooks" / "10_hacking_and_zero.ipynb"
 

@@ -10,8 +10,8 @@ import nbformat
 
 matplotlib.use("Agg")
 
-from labkit import plots_reasoning  # noqa: E402
-from labkit.runs import REPO_ROOT  # noqa: E402
+from labkit.book import plots_reasoning  # noqa: E402
+from labkit.lab.runs import REPO_ROOT  # noqa: E402
 
 CHAPTER = REPO_ROOT / "notebooks" / "11_reasoning.ipynb"
 

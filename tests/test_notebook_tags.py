@@ -20,7 +20,7 @@ import re
 import nbformat
 import pytest
 
-from labkit.runs import REPO_ROOT
+from labkit.lab.runs import REPO_ROOT
 
 NOTEBOOKS = sorted((REPO_ROOT / "notebooks").glob("*.ipynb"))
 IGNORE = "nbval-ignore-output"

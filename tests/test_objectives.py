@@ -1,4 +1,4 @@
-"""The objectives of labkit.objectives against hand-worked numbers, against the loop's own clipped
+"""The objectives of labkit.grpo.objectives against hand-worked numbers, against the loop's own clipped
 surrogate, and against a second implementation written from the papers' formulas in plain Python
 (loss and analytic gradient) on every case of tests/data/objective_cases.json, which the code must
 regenerate."""
@@ -9,9 +9,9 @@ import math
 import pytest
 import torch
 
-from labkit import losses, objectives
+from labkit.grpo import losses, objectives
 from labkit.cli import main as cli_main
-from labkit.runs import REPO_ROOT
+from labkit.lab.runs import REPO_ROOT
 
 CASE_FILE = REPO_ROOT / "tests" / "data" / "objective_cases.json"
 LOG = math.log
@@ -140,7 +140,7 @@ def test_the_case_file_covers_every_objective_and_aggregation_with_the_named_fie
 
 def test_the_committed_case_file_is_what_the_code_gives(capsys):
     assert cli_main(["objective-cases", "--check"]) == 0
-    assert "24 cases, as labkit.objectives gives them" in capsys.readouterr().out
+    assert "24 cases, as labkit.grpo.objectives gives them" in capsys.readouterr().out
 
 
 @pytest.mark.parametrize("call, message", [

@@ -1,4 +1,4 @@
-"""Reward over-optimisation (labkit.overoptimisation): best-of-n's exact expectation by hand and by
+"""Reward over-optimisation (labkit.studies.overoptimisation): best-of-n's exact expectation by hand and by
 enumeration, the KL, the proxies' subsets and fits, the sequence KL against float64, and the
 committed runs re-checked from their raw records."""
 
@@ -11,9 +11,11 @@ import shutil
 import pytest
 import torch
 
-from labkit import data, models, overoptimisation as oo, overoptimisation_summary as summary, reward_model
-from labkit.runs import REPO_ROOT, ArtifactError, read_json
-from labkit.verifier import score
+from labkit.task import data
+from labkit.models import presets as models
+from labkit.studies import overoptimisation as oo, overoptimisation_summary as summary, reward_model
+from labkit.lab.runs import REPO_ROOT, ArtifactError, read_json
+from labkit.task.verifier import score
 
 ROOT = REPO_ROOT / "runs" / "tiny" / "overoptimisation"
 PROBLEM = {"initial": 50, "deliveries": [48, 2], "withdrawals": [25, 10]}  # validation-0000: 65

@@ -1,4 +1,4 @@
-"""Paired tests between policies (labkit.paired): hand-worked values, and the committed evaluation."""
+"""Paired tests between policies (labkit.eval.paired): hand-worked values, and the committed evaluation."""
 
 from __future__ import annotations
 
@@ -11,8 +11,9 @@ from fractions import Fraction
 import numpy as np
 import pytest
 
-from labkit import data, evaluate, paired, verifier
-from labkit.runs import REPO_ROOT, read_json
+from labkit.task import data, verifier
+from labkit.eval import evaluate, paired
+from labkit.lab.runs import REPO_ROOT, read_json
 
 EVAL = REPO_ROOT / "runs" / "tiny" / "evaluation"
 
@@ -330,7 +331,7 @@ def test_a_monte_carlo_p_at_its_floor_is_reported_as_a_bound():
 
 
 def test_holms_adjustment_by_hand():
-    from labkit import paired
+    from labkit.eval import paired
 
     # m = 4, sorted 0.01, 0.02, 0.03, 0.5: 4 x 0.01 = 0.04; 3 x 0.02 = 0.06; 2 x 0.03 = 0.06; 1 x 0.5 = 0.5
     assert paired.holm([0.03, 0.5, 0.01, 0.02]) == pytest.approx([0.06, 0.5, 0.04, 0.06], abs=1e-15)

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from labkit import cache, pipeline
+from labkit.lab import cache
+from labkit import pipeline
 
 
 def fake_cache(monkeypatch, tmp_path, stale: set[str]):

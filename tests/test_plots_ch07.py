@@ -11,8 +11,8 @@ import pytest
 
 matplotlib.use("Agg")
 
-from labkit import plots  # noqa: E402
-from labkit.runs import REPO_ROOT  # noqa: E402
+from labkit.book import plots  # noqa: E402
+from labkit.lab.runs import REPO_ROOT  # noqa: E402
 
 CHAPTER = REPO_ROOT / "notebooks" / "07_evaluation.ipynb"
 
@@ -75,7 +75,7 @@ def test_success_rate_legend_sits_beside_the_bars_and_the_title_inside_the_figur
     import matplotlib
 
     matplotlib.use("Agg")
-    from labkit.runs import REPO_ROOT, read_json
+    from labkit.lab.runs import REPO_ROOT, read_json
 
     results = read_json(REPO_ROOT / "runs" / "tiny" / "evaluation" / "results.json")
     for mode in ("greedy", "sample"):

@@ -10,11 +10,11 @@ from dataclasses import replace
 
 import pytest
 
-from labkit.answer_phase import JSON_KEYS, AnswerPhaseConfig, answer_batch, keyed_document, lr_at
-from labkit.corpus import CorpusGenerator, dataset_keys
-from labkit.pretrain import PretrainConfig, pretrain
-from labkit.runs import read_json
-from labkit.tokenizer import load_tiny_tokenizer
+from labkit.train.answer_phase import JSON_KEYS, AnswerPhaseConfig, answer_batch, keyed_document, lr_at
+from labkit.train.corpus import CorpusGenerator, dataset_keys
+from labkit.train.pretrain import PretrainConfig, pretrain
+from labkit.lab.runs import read_json
+from labkit.models.tokenizer import load_tiny_tokenizer
 
 SMALL = PretrainConfig(steps=4, log_every=2, heldout_every=2, heldout_rows=4, probe_documents=8, warmup_steps=2,
                        answer=AnswerPhaseConfig(steps=4, documents_per_step=4, warmup_steps=1, probe_documents=8,

@@ -1,4 +1,4 @@
-"""Chapter 11's thinking bases and GRPO on worked answers (labkit.thinking_base, labkit.reasoning).
+"""Chapter 11's thinking bases and GRPO on worked answers (labkit.studies.thinking_base, labkit.studies.reasoning).
 
 The rewards by hand on one chain; the documents the bases learn from, re-checked by the worked
 verifier; and the committed bases and runs, every response re-scored from its text and its problem
@@ -11,9 +11,12 @@ import re
 
 import pytest
 
-from labkit import corpus, reasoning, think_profile, thinking_base, worked
-from labkit.runs import REPO_ROOT, RunFolder
-from labkit.tokenizer import load_tiny_tokenizer
+from labkit.train import corpus
+from labkit.studies import reasoning, thinking_base
+from labkit.eval import think_profile
+from labkit.task import worked
+from labkit.lab.runs import REPO_ROOT, RunFolder
+from labkit.models.tokenizer import load_tiny_tokenizer
 
 CHAIN = worked.Chain(41, (35, 12, -30, -7))  # levels 76, 88, 58, 51
 RIGHT = worked.worked_text(CHAIN)

@@ -12,9 +12,11 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from labkit import evaluate, paired, results_page, verifier
-from labkit.evaluate import wilson_interval
-from labkit.runs import read_json
+from labkit.eval import evaluate, paired
+from labkit.book import results_page
+from labkit.task import verifier
+from labkit.eval.evaluate import wilson_interval
+from labkit.lab.runs import read_json
 
 # The run the page tests read: the committed tiny run (results_page.DEFAULT_RUN).  While the cache is being
 # rebuilt, point it at the copy `make cache` moved aside, e.g. runs/tiny/stale/<stamp>/.
@@ -192,7 +194,7 @@ def test_the_committed_pages_and_figure_are_what_the_committed_run_renders_now(r
     module's one rendering): a stale page says which command rewrites it."""
     text, detail, figure = rendered
     out = results_page.DEFAULT_OUT
-    stale = "out of date: run `python -m labkit.book results-page`"
+    stale = "out of date: run `python -m labkit.book.build results-page`"
     assert out.read_text(encoding="utf-8") == text, f"book/results.md is {stale}"
     assert results_page.detail_path(out).read_text(encoding="utf-8") == detail, f"{results_page.DETAIL} is {stale}"
     assert results_page.figure_path(out).read_bytes() == figure, f"{results_page.FIGURE} is {stale}"
@@ -241,7 +243,7 @@ def test_the_larger_run_is_compared_when_its_evaluation_finished(tmp_path):
 
 
 def test_the_page_shows_the_chance_baselines_computed_now(page):
-    from labkit import baselines
+    from labkit.eval import baselines
 
     results = read_json(RUN / "evaluation" / "results.json")
     policies = list(results["policy_order"])
@@ -376,7 +378,7 @@ def test_a_run_without_results_is_refused_with_the_command_to_run(tmp_path):
         results_page.render(tmp_path)
 
 
-# --- labkit.baselines on hand-made labels (data.open_records replaced; no data file is read) -----------------
+# --- labkit.eval.baselines on hand-made labels (data.open_records replaced; no data file is read) -----------------
 
 PROBLEM = {"initial": 41, "deliveries": [35, 22], "withdrawals": [14, 18]}  # any valid problem: only its form is used
 HAND_MADE = {
@@ -393,7 +395,7 @@ HAND_MADE = {
 
 @pytest.fixture
 def hand_made(monkeypatch):
-    from labkit import baselines
+    from labkit.eval import baselines
 
     def open_records(kind, split, phase, *args, **kwargs):
         return [dict(r) for r in HAND_MADE[(kind, split)]]
@@ -422,7 +424,7 @@ def test_train_target_draw_is_the_exact_expectation(hand_made):
 
 
 def test_distinct_answers_count_schema_valid_values_only(hand_made, tmp_path):
-    from labkit.runs import write_jsonl
+    from labkit.lab.runs import write_jsonl
 
     def rows(mode, texts):
         return [{"problem_id": f"t{i % 4}", "mode": mode, "draw": i // 4, "text": text, "finish_reason": "eos",

@@ -1,4 +1,4 @@
-"""The learned verifier (labkit.reward_model): its maths on hand-worked numbers, a small real run,
+"""The learned verifier (labkit.studies.reward_model): its maths on hand-worked numbers, a small real run,
 and the committed run re-scored exactly."""
 
 import math
@@ -7,8 +7,10 @@ import shutil
 import pytest
 import torch
 
-from labkit import data, models, reward_model, scoring, verifier
-from labkit.runs import REPO_ROOT, ArtifactError, RunExistsError, read_json, sha256_file, write_json
+from labkit.task import data, verifier
+from labkit.models import presets as models, scoring
+from labkit.studies import reward_model
+from labkit.lab.runs import REPO_ROOT, ArtifactError, RunExistsError, read_json, sha256_file, write_json
 
 COMMITTED = REPO_ROOT / "runs" / "tiny" / "reward_model"
 

@@ -5,10 +5,11 @@ import json
 import pytest
 import torch
 
-from labkit import sampling, scoring, verifier
-from labkit.models import new_tiny_model, parameter_digest
-from labkit.task import Problem, render_statement, solve
-from labkit.tokenizer import load_tiny_tokenizer
+from labkit.models import sampling, scoring
+from labkit.task import verifier
+from labkit.models.presets import new_tiny_model, parameter_digest
+from labkit.task.problems import Problem, render_statement, solve
+from labkit.models.tokenizer import load_tiny_tokenizer
 
 NEW_TOKENS = 12  # short responses keep the tests fast; the logic does not depend on the length
 

@@ -13,10 +13,10 @@ import math
 import pytest
 import torch
 
-from labkit.answer_phase import AnswerPhaseConfig
-from labkit.pretrain import PretrainConfig
-from labkit.runs import REPO_ROOT
-from labkit.schedule import clipped_step, lm_update, warmup_cosine
+from labkit.train.answer_phase import AnswerPhaseConfig
+from labkit.train.pretrain import PretrainConfig
+from labkit.lab.runs import REPO_ROOT
+from labkit.train.schedule import clipped_step, lm_update, warmup_cosine
 
 BASE = REPO_ROOT / "runs" / "tiny" / "base"
 

@@ -6,10 +6,10 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from labkit import scoring
-from labkit.models import new_tiny_model
-from labkit.task import FORMAT_INSTRUCTION
-from labkit.tokenizer import load_tiny_tokenizer
+from labkit.models import scoring
+from labkit.models.presets import new_tiny_model
+from labkit.task.problems import FORMAT_INSTRUCTION
+from labkit.models.tokenizer import load_tiny_tokenizer
 
 STATEMENT = "A warehouse holds 12 boxes. It receives deliveries of 3 and 4 boxes, then ships out 5 and 6 boxes. How many boxes are in stock now?"
 

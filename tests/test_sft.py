@@ -1,4 +1,4 @@
-"""labkit.sft and labkit.schedule: counts, schedule, overfit, exact resume, evidence rules.
+"""labkit.train.sft and labkit.train.schedule: counts, schedule, overfit, exact resume, evidence rules.
 
 Runs use a randomly initialised tiny model and a shortened config (a few
 examples, 2 epochs of 2 updates), so the whole file takes seconds.
@@ -9,9 +9,13 @@ from __future__ import annotations
 import pytest
 import torch
 
-from labkit import config, data, models, schedule, sft, state
-from labkit.runs import RunExistsError, read_json
-from labkit.tokenizer import load_tiny_tokenizer
+from labkit import config
+from labkit.task import data
+from labkit.models import presets as models
+from labkit.train import schedule, sft
+from labkit.lab import state
+from labkit.lab.runs import RunExistsError, read_json
+from labkit.models.tokenizer import load_tiny_tokenizer
 
 # 2 epochs x 2 updates of 4 examples; 8 validation problems
 SHORT = config.TINY.with_overrides(warm_start_examples=8, warm_start_epochs=2, sft_batch_size=4)
@@ -208,7 +212,7 @@ def test_resume_refuses_another_runs_state(checked, factory, tmp_path):
 
 
 def test_a_rerun_into_an_unfinished_attempt_is_refused_unless_restarted(tmp_path, factory):
-    from labkit.runs import UnfinishedRunError
+    from labkit.lab.runs import UnfinishedRunError
 
     folder = tmp_path / "run"
     common = dict(model_factory=factory, validation_limit=VALIDATION_LIMIT, progress=False, greedy_eval=False)

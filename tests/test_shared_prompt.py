@@ -1,4 +1,4 @@
-"""Shared-prompt scoring (`labkit.shared_prompt`) against the plain full-row path (`labkit.scoring`).
+"""Shared-prompt scoring (`labkit.models.shared_prompt`) against the plain full-row path (`labkit.models.scoring`).
 
 The two paths compute the same function; they differ only in float rounding (the
 attention sums run over differently laid-out keys).  Measured bounds and the
@@ -29,8 +29,10 @@ import pytest
 import torch
 import transformers.models.qwen2.modeling_qwen2 as modeling_qwen2
 
-from labkit import grpo, models, scoring, shared_prompt, smoke
-from labkit.runs import REPO_ROOT
+from labkit.grpo import loop as grpo
+from labkit.models import presets as models, scoring, shared_prompt
+from labkit import smoke
+from labkit.lab.runs import REPO_ROOT
 
 WARM_START = REPO_ROOT / "runs" / "tiny" / "warm_start" / "model.safetensors"
 

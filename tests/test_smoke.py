@@ -17,11 +17,13 @@ import os
 import pytest
 import torch
 
-from labkit import cli, losses, models, scoring, smoke
+from labkit import cli, smoke
+from labkit.grpo import losses
+from labkit.models import presets as models, scoring
 from labkit.config import QWEN, TINY
-from labkit.runs import read_json
-from labkit.sampling import decode_response
-from labkit.schedule import schedule_values
+from labkit.lab.runs import read_json
+from labkit.models.sampling import decode_response
+from labkit.train.schedule import schedule_values
 
 LAYERS = 2
 HEAD_DIM = 16  # hidden 14 x 16 = 224, MLP 76 x 16 = 1,216 (Qwen's 896 and 4,864 at head width 64)

@@ -1,4 +1,4 @@
-"""labkit.state: capture / restore / save / load / exact comparison of a full resumable state."""
+"""labkit.lab.state: capture / restore / save / load / exact comparison of a full resumable state."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import torch
 
-from labkit import state
+from labkit.lab import state
 
 
 def small_run(seed: int = 0):
@@ -138,7 +138,7 @@ def test_capture_does_not_alias_live_tensors():
 
 
 def test_tied_weights_are_captured_once():
-    from labkit.models import new_tiny_model
+    from labkit.models.presets import new_tiny_model
 
     model = new_tiny_model(0)
     s = state.capture_state(model=model, optimizer=torch.optim.AdamW(model.parameters()), scheduler={}, data_order={},

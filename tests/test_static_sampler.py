@@ -1,4 +1,4 @@
-"""The static-cache sampler (`labkit.static_sampler`) against the reference sampler.
+"""The static-cache sampler (`labkit.models.static_sampler`) against the reference sampler.
 
 The two compute the same function in a different order (the attention sums run over a
 preallocated, masked cache), so the logits differ by float32 rounding (~1e-6) and the
@@ -13,8 +13,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from labkit import grpo, models, sampling, scoring, smoke, static_sampler
-from labkit.runs import REPO_ROOT
+from labkit.grpo import loop as grpo
+from labkit.models import presets as models, sampling, scoring, static_sampler
+from labkit import smoke
+from labkit.lab.runs import REPO_ROOT
 
 WARM_START = REPO_ROOT / "runs" / "tiny" / "warm_start" / "model.safetensors"
 LOGPROB_TOL = sampling.LOGPROB_TOLERANCE

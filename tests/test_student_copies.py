@@ -8,7 +8,7 @@ import nbformat
 import pytest
 from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook, new_output
 
-from labkit import student
+from labkit.book import student
 from labkit.cli import main as cli_main
 
 CHAPTER_TO_EXECUTE = "01_verifier.ipynb"  # run in full; the other chapters are checked cell by cell

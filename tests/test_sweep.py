@@ -6,9 +6,10 @@ from pathlib import Path
 
 import pytest
 
-from labkit import models, sweep
-from labkit.runs import RunFolder, read_json
-from labkit.variants import Variant
+from labkit.models import presets as models
+from labkit.studies import sweep
+from labkit.lab.runs import RunFolder, read_json
+from labkit.grpo.variants import Variant
 
 
 def write(tmp_path, runs, name="sweep.json"):
@@ -161,7 +162,7 @@ def test_a_run_may_start_from_another_finished_step(tmp_path):
 
 def test_a_learned_reward_run_is_named_by_its_reward_model():
     [spec] = sweep.plan("tiny", [("lr", Variant(reward="learned"))], iterations=2)
-    from labkit import reward_model
+    from labkit.studies import reward_model
 
     assert spec["reward_model_sha256"] == sweep.sha256_file(reward_model.model_file("tiny"))
     altered = {**spec, "reward_model_sha256": "0" * 64}
@@ -171,7 +172,8 @@ def test_a_learned_reward_run_is_named_by_its_reward_model():
 def test_the_committed_chapter10_sweep_is_complete_and_rescored_exactly():
     """Every run of sweeps/chapter10.json is built for this code; every kept rollout's true reward is
     the verifier's verdict on its text, and the learned run's optimised reward is its proxy."""
-    from labkit import grpo, verifier
+    from labkit.grpo import loop as grpo
+    from labkit.task import verifier
     from labkit.config import get_preset
 
     specs = sweep.plan("tiny", sweep.load_runs(CHAPTER10), starts=sweep.load_starts(CHAPTER10))
@@ -195,7 +197,7 @@ def test_the_committed_chapter10_sweep_is_complete_and_rescored_exactly():
 
 
 def test_earlier_fingerprints_of_a_run_are_moved_aside_and_others_kept(tmp_path, monkeypatch):
-    from labkit import runs
+    from labkit.lab import runs
 
     monkeypatch.setattr(sweep, "REPO_ROOT", tmp_path)
     monkeypatch.setattr(runs, "REPO_ROOT", tmp_path)  # runs.preset_folder names the stale folder

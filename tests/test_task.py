@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from labkit import task
-from labkit.task import Problem, generate_dataset, population_of, render_statement, solve
+from labkit.task import problems as task
+from labkit.task.problems import Problem, generate_dataset, population_of, render_statement, solve
 
 
 @pytest.mark.parametrize(

@@ -1,9 +1,11 @@
-"""The think profile (labkit.think_profile, issue 41): counted by hand, and sampled reproducibly."""
+"""The think profile (labkit.eval.think_profile, issue 41): counted by hand, and sampled reproducibly."""
 
 import pytest
 
-from labkit import models, think_profile, worked
-from labkit.worked import Chain
+from labkit.models import presets as models
+from labkit.eval import think_profile
+from labkit.task import worked
+from labkit.task.worked import Chain
 
 
 def _row(k, reward, thinks, steps=0, tokens=10, category="direct"):

@@ -1,4 +1,4 @@
-"""A variant's switches are looked up once, in `labkit.variants.resolve`, never branched on in place.
+"""A variant's switches are looked up once, in `labkit.grpo.variants.resolve`, never branched on in place.
 
 The loop calls what `resolve` gave it (a reward, a KL term, an objective's rows and loss term);
 no other module may test a switch in an `if`, a conditional expression or a `while`.  The test
@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from labkit import variants
-from labkit.variants import Variant
+from labkit.grpo import variants
+from labkit.grpo.variants import Variant
 
 LABKIT = Path(variants.__file__).parent
 SWITCHES = {f.name for f in fields(Variant)} | {"is_protocol"}
@@ -50,7 +50,7 @@ def test_no_module_but_variants_branches_on_a_switch():
         lines = branches_on_a_variant(path.read_text())
         if lines:
             found[str(path.relative_to(LABKIT))] = lines
-    assert found == {}, f"branches on a variant's switch outside labkit.variants.resolve: {found}"
+    assert found == {}, f"branches on a variant's switch outside labkit.grpo.variants.resolve: {found}"
 
 
 def test_every_allowed_value_has_its_table_entry():
@@ -103,7 +103,8 @@ def test_resolve_adds_the_length_penalty_only_when_asked():
 
 
 def test_a_learned_reward_needs_its_verifier_passed_in_and_only_it_takes_one():
-    from labkit import grpo, models
+    from labkit.grpo import loop as grpo
+    from labkit.models import presets as models
     from labkit.config import TINY
 
     tokenizer = models.load_tiny_tokenizer()

@@ -1,14 +1,16 @@
-"""The objective's variants (labkit.variants): each switch changes its part of the loop only."""
+"""The objective's variants (labkit.grpo.variants): each switch changes its part of the loop only."""
 
 import json
 
 import pytest
 import torch
 
-from labkit import grpo, losses, models, state as state_lib
+from labkit.grpo import loop as grpo, losses
+from labkit.models import presets as models
+from labkit.lab import state as state_lib
 from labkit.config import TINY
-from labkit.variants import Variant
-from labkit.verifier import score
+from labkit.grpo.variants import Variant
+from labkit.task.verifier import score
 
 # Curves on 4 fixed problems, not 64: they run in every variant, at a second instead of ~14 per run.
 SMALL = TINY.with_overrides(max_response_tokens=5, grpo_lr=1e-3, checkpoint_problems=4)
@@ -162,7 +164,7 @@ def test_dapo_refills_silent_groups_and_filters_overlong_responses(tmp_path, sta
 
 
 def test_dynamic_sampling_keeps_groups_with_signal_first_in_drawn_order():
-    from labkit import variants
+    from labkit.grpo import variants
 
     def redraw(tag):
         return ["c3", "c4"], ["g3" + tag, "g4" + tag], torch.tensor([[0.0, 0.0], [0.0, 1.0]])
@@ -190,7 +192,7 @@ def test_sampler_mismatch_options_are_checked():
 
 
 def test_the_rounded_samplers_differ_from_the_policy_and_leave_it_alone():
-    from labkit.variants import SAMPLER_WEIGHTS_TABLE, to_bfloat16, to_float8
+    from labkit.grpo.variants import SAMPLER_WEIGHTS_TABLE, to_bfloat16, to_float8
     model = models.new_tiny_model(seed=3)
     before = models.parameter_digest(model)
     assert SAMPLER_WEIGHTS_TABLE["float32"](model) is model

@@ -13,10 +13,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from labkit import verifier
-from labkit.runs import REPO_ROOT
-from labkit.task import Problem, solve
-from labkit.verifier import REASON_DESCRIPTIONS, REASONS, Verdict, parse_answer, score
+from labkit.task import verifier
+from labkit.lab.runs import REPO_ROOT
+from labkit.task.problems import Problem, solve
+from labkit.task.verifier import REASON_DESCRIPTIONS, REASONS, Verdict, parse_answer, score
 
 PROBLEM = {"initial": 1, "deliveries": [27, 43], "withdrawals": [18, 10]}
 TARGET = 43
@@ -476,7 +476,7 @@ def test_two_valid_answers_in_a_row_are_several_objects(problem, data):
 
 
 def test_chapter_1_checker_accepts_the_reference_and_explains_mistakes(capsys):
-    from labkit.exercises import CH01_RESPONSES, ExerciseError, check_ch01_is_valid_answer
+    from labkit.book.exercises import CH01_RESPONSES, ExerciseError, check_ch01_is_valid_answer
 
     assert check_ch01_is_valid_answer(reference_is_valid_answer) is True
     assert "all 27 responses" in capsys.readouterr().out
@@ -501,7 +501,7 @@ def test_chapter_1_checker_accepts_the_reference_and_explains_mistakes(capsys):
 
 
 def test_chapter_1_checker_says_when_the_stub_is_not_written():
-    from labkit.exercises import ExerciseError, check_ch01_is_valid_answer
+    from labkit.book.exercises import ExerciseError, check_ch01_is_valid_answer
 
     def stub(text):
         raise NotImplementedError("Your turn")

@@ -1,4 +1,4 @@
-"""The worked-answer variant's verifier (labkit.worked, issue 41): each rule on hand-made responses,
+"""The worked-answer variant's verifier (labkit.task.worked, issue 41): each rule on hand-made responses,
 the protocol's verifier on the final object, the categories, and fresh chains kept apart from the
 protocol's problems."""
 
@@ -6,8 +6,8 @@ import random
 
 import pytest
 
-from labkit import task, verifier, worked
-from labkit.worked import Chain, score_worked
+from labkit.task import problems as task, verifier, worked
+from labkit.task.worked import Chain, score_worked
 
 PROBLEM = task.Problem(41, (35, 12), (30, 7))  # 41 + 35 + 12 - 30 - 7 = 51
 CHAIN = Chain.from_problem(PROBLEM)
@@ -122,9 +122,9 @@ def test_fresh_chains_have_k_movements_and_never_meet_the_protocols_problems():
 
 
 def test_the_worked_limit_fits_eight_movements_and_the_samplers_allow_it():
-    from labkit import sampling
-    from labkit.task import OOD_MAX
-    from labkit.tokenizer import load_tiny_tokenizer
+    from labkit.models import sampling
+    from labkit.task.problems import OOD_MAX
+    from labkit.models.tokenizer import load_tiny_tokenizer
 
     tokenizer = load_tiny_tokenizer()
     longest = max(len(tokenizer.encode(worked.worked_text(c), add_special_tokens=False)) + 1  # + end-of-sequence

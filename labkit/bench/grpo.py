@@ -7,7 +7,7 @@ alternating within a repeat so that a change in the machine's load hits them ali
 
 1. Sampling the 16 rollouts of one iteration (4 prompts x G = 4, temperature 1, at most 64
    new tokens): the reference sampler (the protocol's, no KV cache), the fast sampler
-   (transformers' forward with its cache), the static sampler (`labkit.static_sampler`) and
+   (transformers' forward with its cache), the static sampler (`labkit.models.static_sampler`) and
    transformers' own `generate(use_cache=True, do_sample=True)` batched over the same left-
    padded prompts with the full distribution (top_k=0, top_p=1; it draws from torch's global
    generator, so its tokens are not the reference's).  Then 16 distinct prompts, greedy,
@@ -16,17 +16,17 @@ alternating within a repeat so that a change in the machine's load hits them ali
 2. The floor: the multiply-adds per generated token, the throughput one decode step of the
    static sampler reaches, and what this machine's matrix product reaches on large matrices.
 3. The updates' forward and backward, plain (every row its full prompt) against shared-prompt
-   scoring (`labkit.shared_prompt`), on real rollouts at G = 4 and 8, with the bytes each path
+   scoring (`labkit.models.shared_prompt`), on real rollouts at G = 4 and 8, with the bytes each path
    keeps for the backward pass (its activation memory, counted by a saved-tensors hook).
 4. One real iteration of the loop (`grpo.run_iteration`) in three set-ups, the protocol's
    (reference sampler, plain scoring), the fast sampler with shared scoring, and the static
    sampler with shared scoring (`grpo --sampler static --scoring shared`), split into
    generation, reference forward, updates, pre-update check and bookkeeping.
 
-5. A worked-answer iteration (chapter 11): the thinking base "skill" (`labkit.thinking_base`,
+5. A worked-answer iteration (chapter 11): the thinking base "skill" (`labkit.studies.thinking_base`,
    local: `make cache` builds it) answers 16 worked prompts x G = 8 at up to 160 new tokens; the
    static sampler against `generate()` and the fast sampler, the arithmetic floor at that context,
-   and one iteration of `labkit.reasoning` split into sampling and updates.  Skipped, said so,
+   and one iteration of `labkit.studies.reasoning` split into sampling and updates.  Skipped, said so,
    where the base is not built.
 
     python -m labkit bench grpo [--threads 1] [--repeats 3] [--quick]
@@ -43,9 +43,10 @@ from pathlib import Path
 
 import torch
 
-from .. import grpo, models, sampling, scoring, shared_prompt
+from ..grpo import loop as grpo
+from ..models import presets as models, sampling, scoring, shared_prompt
 from ..config import TINY
-from ..static_sampler import StaticDecoder, sample_static
+from ..models.static_sampler import StaticDecoder, sample_static
 from .sampling import bench_prompts, load_bench_model
 
 WARM_START = models.REPO_ROOT / "runs" / "tiny" / "warm_start" / "model.safetensors"
@@ -269,7 +270,8 @@ def bench_iteration(max_new_tokens: int, start_file: Path) -> dict:
 
 def bench_worked(repeats: int) -> dict | None:
     """Section 5: worked answers (40 tokens and more) from the skill base: the samplers, the floor, one iteration."""
-    from .. import reasoning, thinking_base, worked
+    from ..studies import reasoning, thinking_base
+    from ..task import worked
 
     skill = thinking_base.default_run_dir("tiny", "skill") / thinking_base.MODEL_FILE
     if not skill.is_file():
@@ -314,7 +316,7 @@ def bench_worked(repeats: int) -> dict | None:
     middle = time.perf_counter()
     reasoning.update_iteration(loop, sampled)
     total = time.perf_counter() - start
-    print(f"    one worked iteration (labkit.reasoning, {reasoning.SAMPLER} sampler): {total:.2f} s, sampling "
+    print(f"    one worked iteration (labkit.studies.reasoning, {reasoning.SAMPLER} sampler): {total:.2f} s, sampling "
           f"{sampled.seconds:.2f} s ({sampled.seconds / total:.0%}), updates {total - (middle - start):.2f} s")
     return {"seconds": seconds, "tokens": tokens, "floor_s": floor, "iteration_s": total, "sampling_s": sampled.seconds}
 

@@ -1,7 +1,7 @@
 """Benchmark: the blocked exact prefix KL against a naive full-vocabulary KL, on CPU.
 
     naive    F.kl_div(F.log_softmax(z_ref), F.log_softmax(z_cur), log_target=True).sum(-1)
-    blocked  labkit.losses.exact_prefix_kl(z_cur, z_ref, block_size)
+    blocked  labkit.grpo.losses.exact_prefix_kl(z_cur, z_ref, block_size)
 
 Both run forward and backward (gradient for the current logits only; the reference is
 frozen, as in training) on the same float32 logits, in one process, one after the other.
@@ -34,8 +34,8 @@ import time
 import torch
 import torch.nn.functional as F
 
-from .. import memory
-from ..losses import exact_prefix_kl
+from ..lab import memory
+from ..grpo.losses import exact_prefix_kl
 
 QWEN_VOCAB = 151_936
 

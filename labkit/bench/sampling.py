@@ -15,8 +15,8 @@ import argparse
 
 import torch
 
-from .. import scoring
-from ..sampling import compare_samplers, sample_fast, sample_reference
+from ..models import scoring
+from ..models.sampling import compare_samplers, sample_fast, sample_reference
 
 __all__ = ["compare_samplers", "load_bench_model", "main"]
 
@@ -25,12 +25,12 @@ PROMPTS, SEEDS_PER_PROMPT = 4, 4  # one GRPO iteration: 4 prompts x G = 4
 
 def load_bench_model():
     """(model, tokenizer, description): the committed tiny base, else a random-init tiny model."""
-    from .. import models
+    from ..models import presets as models
 
     if models.TINY_BASE_STATE.is_file():
         model, tokenizer = models.load("tiny", device="cpu")
         return model, tokenizer, f"tiny base ({models.TINY_BASE_STATE.relative_to(models.REPO_ROOT)})"
-    from ..tokenizer import load_tiny_tokenizer
+    from ..models.tokenizer import load_tiny_tokenizer
 
     tokenizer = load_tiny_tokenizer()
     model = models.new_tiny_model(seed=0, tokenizer=tokenizer)
@@ -42,8 +42,8 @@ def load_bench_model():
 
 def bench_prompts(tokenizer, count: int = PROMPTS) -> tuple[list[str], list[list[int]]]:
     """The first `count` prompts of the RL pool (train problems after the 128 warm-start ones)."""
-    from ..data import open_records
-    from ..task import WARM_START_SIZE
+    from ..task.data import open_records
+    from ..task.problems import WARM_START_SIZE
 
     records = open_records("statements", "train", "learning")[WARM_START_SIZE:WARM_START_SIZE + count]
     return [r["id"] for r in records], [scoring.build_prompt_ids(tokenizer, r["statement"]) for r in records]

@@ -1,0 +1,1 @@
+"""labkit.book."""

@@ -1,0 +1,69 @@
+"""Chapter 5, exact KL: `check_ch05_blocked_kl` grades the exact KL computed one vocabulary block at a time."""
+
+from __future__ import annotations
+
+from ._calling import ExerciseError, call_student, require_function
+
+
+def _ch05_local_blocks(logits_cur, logits_ref, block_size):
+    """The protocol's warning: each block softmax-normalised on its own (a different, wrong sum)."""
+    import torch
+
+    total = torch.zeros(logits_cur.shape[0], dtype=torch.float64)
+    for start in range(0, logits_cur.shape[-1], block_size):
+        logp = torch.log_softmax(logits_cur[:, start:start + block_size].double(), dim=-1)
+        logq = torch.log_softmax(logits_ref[:, start:start + block_size].double(), dim=-1)
+        total += (logp.exp() * (logp - logq)).sum(dim=-1)
+    return total
+
+
+def check_ch05_blocked_kl(blocked_kl) -> bool:
+    """Grade chapter 5's exercise: `blocked_kl(logits_cur, logits_ref, block_size) -> (N,)`.
+
+    The exact KL(p_cur || p_ref) of each row's next-token distributions, computed one
+    vocabulary block at a time with the full normaliser.  Compared with
+    `labkit.grpo.losses.exact_prefix_kl` in float64 (within 1e-10 relative) on random logits,
+    with block sizes that do and do not divide V, large logits (no overflow), and
+    identical rows (KL exactly 0 is not required, but within 1e-12).
+    """
+    import torch
+
+    from ...grpo.losses import exact_prefix_kl
+
+    require_function(blocked_kl)
+    g = torch.Generator().manual_seed(5)
+    cur = torch.randn(6, 50, generator=g, dtype=torch.float64) * 2.0
+    ref = torch.randn(6, 50, generator=g, dtype=torch.float64) * 2.0
+    cases = [
+        ("random logits, 6 prefixes x V = 50", cur, ref, 16),
+        ("the same, one block holding the whole vocabulary", cur, ref, 50),
+        ("the same, blocks of 7 (the last block is shorter)", cur, ref, 7),
+        ("the same, blocks of 1", cur, ref, 1),
+        ("large logits (exp would overflow without subtracting the maximum)", cur * 400.0, ref * 400.0, 16),
+        ("identical distributions", cur, cur.clone(), 16),
+    ]
+    for number, (what, logits_cur, logits_ref, block_size) in enumerate(cases, start=1):
+        where = f"case {number} of {len(cases)} ({what}, block_size={block_size})"
+        got = call_student(blocked_kl, logits_cur.clone(), logits_ref.clone(), block_size, where=where)
+        if not isinstance(got, torch.Tensor) or tuple(got.shape) != (logits_cur.shape[0],):
+            shape = tuple(got.shape) if isinstance(got, torch.Tensor) else type(got).__name__
+            raise ExerciseError(f"{where}: returned {shape}; return one KL per prefix, shape ({logits_cur.shape[0]},)")
+        got = got.detach().double()
+        expected = exact_prefix_kl(logits_cur, logits_ref, block_size=block_size)
+        if not torch.isfinite(got).all():
+            raise ExerciseError(f"{where}: got {got.tolist()}. Hint: subtract each row's maximum before exp "
+                                "(log-sum-exp), so no exponential overflows.")
+        if torch.allclose(got, expected, rtol=1e-10, atol=1e-12):
+            continue
+        local = _ch05_local_blocks(logits_cur, logits_ref, block_size)
+        if torch.allclose(got, local, rtol=1e-10, atol=1e-12):
+            hint = ("you normalised each block on its own; every block needs the FULL normaliser, "
+                    "log p(v) = z_v - logsumexp over all V entries, found by a first pass over the blocks")
+        elif torch.allclose(got, exact_prefix_kl(logits_ref, logits_cur, block_size=block_size), rtol=1e-10, atol=1e-12):
+            hint = "that is KL(p_ref || p_cur); the lab's KL weighs by the current policy: sum p_cur (log p_cur - log p_ref)"
+        else:
+            hint = "sum over all V entries of p_cur(v) (log p_cur(v) - log p_ref(v)), with log p = z - logsumexp(z)"
+        raise ExerciseError(f"{where}: got {[round(v, 9) for v in got.tolist()]}, expected "
+                            f"{[round(v, 9) for v in expected.tolist()]}. Hint: {hint}.")
+    print(f"Correct: your blocked_kl agrees with labkit.grpo.losses.exact_prefix_kl on all {len(cases)} cases.")
+    return True

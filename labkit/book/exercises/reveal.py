@@ -1,0 +1,239 @@
+"""Predict, then run: each chapter's question answered from the committed runs (chapters 2-8, issue 40).
+
+Each `reveal_*` reads what it needs through labkit.studies.ablations (the ablation sweep, the gradient
+study), prints the measurement with its paired tests, compares the student's prediction with
+`check_prediction` and says why the runs came out as they did; it returns the checker's
+{"prediction", "measured", "right"}.  Every number in the words is computed here from the files.
+"""
+
+from __future__ import annotations
+
+from ...studies import ablations, reasoning_report, thinking_base
+from ...eval import paired
+from ...lab.runs import RunFolder
+from .predict import check_prediction
+
+
+IDENTITY_CHOICES = ("stays the same", "halves", "falls to a quarter")
+
+
+def reveal_identity(prediction, preset: str = "tiny") -> dict:
+    """Chapter 2: from 16 to 64 sampled tokens, what happens to the score-function estimate's error?"""
+    identity = ablations.gradient_study_results(preset)["identity"]
+    case = identity["cases"][-1]  # the case where the warm start is unsure
+    sizes, errors = case["sizes"], case["none"]["rms_error"]
+    ratio = errors[sizes.index(16)] / errors[sizes.index(64)]
+    measured = IDENTITY_CHOICES[0] if ratio < 1.5 else IDENTITY_CHOICES[1] if ratio < 3 else IDENTITY_CHOICES[2]
+    scaled = [e * n ** 0.5 for e, n in zip(errors, sizes)]
+    print(f"Problem {case['problem_id']}: the warm start gives the right first digit probability "
+          f"{case['p_right']:.2f}; the exact gradient's norm is {case['exact_norm']:.3f}.")
+    print("N: " + ", ".join(f"{n}: error {e:.4f}" for n, e in zip(sizes, errors))
+          + f"; error x sqrt(N) stays between {min(scaled):.3f} and {max(scaled):.3f}.")
+    print(f"Bias (the mean of {identity['trials']:,} estimates minus the exact gradient) at N = {sizes[-1]}: "
+          f"{case['none']['bias'][-1]:.5f}.")
+    return check_prediction(prediction, measured, choices=IDENTITY_CHOICES, why=(
+        f"each estimate averages N independent terms r(a)(onehot(a) - pi) whose mean is the exact gradient, so "
+        f"its error is their spread over sqrt(N): 4 times the samples, half the error (measured ratio {ratio:.2f})."))
+
+
+def reveal_baseline(prediction, preset: str = "tiny") -> dict:
+    """Chapter 3: which advantage gives the cleanest gradient at the warm start?"""
+    study = ablations.gradient_study_results(preset)
+    noise = study["noise"]
+    schemes = noise["schemes"]
+    best = max(schemes, key=lambda s: schemes[s]["snr"])
+    print(f"{noise['batches']} batches of {noise['P']} prompts x G = {noise['G']} from the warm start "
+          f"({noise['zero_signal']:.0%} of their groups had no signal); reference: "
+          f"{noise['reference_batches']} other batches.")
+    for s, v in schemes.items():
+        print(f"  {ablations.SCHEME_WORDS[s]:<14} signal-to-noise {v['snr']:.3f}   "
+              f"cosine with the reference {v['cosine']:.2f}")
+    cases = study["identity"]["cases"]
+    sure, unsure = cases[0], cases[-1]
+    at = sure["sizes"].index(16)
+    trained = ablations.paired_rows(BASELINE_RUNS, ablations.PARTNER, preset)
+    partner = ablations.summary(ablations.load(preset, (ablations.PARTNER,))[ablations.PARTNER])
+    print("Trained from the warm start at the ablation budget, paired with GRPO on the test (points, p):")
+    print(f"  {'GRPO (mean and std)':<24} {partner['test_per_draw']:6.1%}   {'':>18}   KL end {partner['kl_end']:.4f}"
+          f"   entropy end {partner['entropy_end']:.3f}")
+    for r in trained:
+        p = ("<=" if r["p_is_bound"] else "") + f"{r['p']:.2g}"
+        print(f"  {BASELINE_RUNS[r['name']]:<24} {r['test_per_draw']:6.1%}   {100 * r['difference']:+6.1f} (p {p:>6})   "
+              f"KL end {r['kl_end']:.4f}   entropy end {r['entropy_end']:.3f}")
+    separable = [BASELINE_RUNS[r["name"]] for r in trained if r["p"] < paired.ALPHA]
+    largest = max(abs(100 * r["difference"]) for r in trained)
+    spread = 100 * ablations.seed_spread("grpo", preset)["spread"]
+    choices = tuple(ablations.SCHEME_WORDS.values())
+    return check_prediction(prediction, ablations.SCHEME_WORDS[best], choices=choices, why=(
+        f"a baseline only helps where it makes the terms smaller.  A wrong answer's tokens were sampled at low "
+        f"probability, so their gradients are large; a baseline pushes every wrong answer down with them, the raw "
+        f"0/1 reward leaves them out.  The one-token game shows both sides at N = 16: where the warm start is sure "
+        f"(p = {sure['p_right']:.2f}) the raw reward's error is {sure['none']['rms_error'][at]:.4f} against "
+        f"{sure['leave_one_out']['rms_error'][at]:.4f} with leave-one-out; where it is unsure (p = "
+        f"{unsure['p_right']:.2f}), {unsure['none']['rms_error'][at]:.4f} against "
+        f"{unsure['leave_one_out']['rms_error'][at]:.4f}.  What GRPO's baseline buys is a loss whose winners and "
+        f"losers balance, not a quieter gradient at this start.  In training, "
+        + (f"{' and '.join(separable)} separated from GRPO." if separable else
+           f"no advantage separated from GRPO (smallest p = {min(r['p'] for r in trained):.2g}); "
+           + (f"the largest difference, {largest:.1f} points, is less than the {spread:.1f} points between GRPO's "
+              f"own three training seeds: at this budget the choice of baseline moves success less than a seed does."
+              if largest < spread else
+              f"the largest difference is {largest:.1f} points, GRPO's own three training seeds span {spread:.1f}."))))
+
+
+BASELINE_RUNS = {"mean_only": "group mean (Dr. GRPO)", "rloo": "leave-one-out (RLOO)",
+                 "no_baseline": "raw reward (REINFORCE)"}
+
+
+CLIP_CHOICES = ("better", "worse", "not separable")
+
+
+def _call(comparison: dict, alpha: float = paired.ALPHA) -> str:
+    if comparison["p_permutation"] >= alpha:
+        return CLIP_CHOICES[2]
+    return CLIP_CHOICES[0] if comparison["mean_difference"] > 0 else CLIP_CHOICES[1]
+
+
+def reveal_clip(prediction, preset: str = "tiny") -> dict:
+    """Chapter 4: with 16 updates per batch at 3e-4, what does widening the clip to 0.99 do on the test?"""
+    runs = ablations.load(preset, ("updates_4", "updates_4_clip_0p99", "updates_16", "updates_16_clip_0p99",
+                         "updates_16_rate_3e-4", "updates_16_clip_0p99_rate_3e-4"))
+    for clip, wide in (("updates_4", "updates_4_clip_0p99"), ("updates_16", "updates_16_clip_0p99"),
+                       ("updates_16_rate_3e-4", "updates_16_clip_0p99_rate_3e-4")):
+        a, b = ablations.summary(runs[clip]), ablations.summary(runs[wide])
+        c = ablations.compare(runs[clip], runs[wide], names=("clip 0.2", "clip 0.99"))["test_sample"]
+        print(f"{runs[clip].updates_per_iteration} updates per batch at {ablations.format_rate(runs[clip].lr)}: "
+              f"tokens clipped at the end {a['clip_end']:.1%} (clip 0.2) and {b['clip_end']:.1%} (0.99); "
+              f"KL at the end {a['kl_end']:.4f} and {b['kl_end']:.4f}; test per draw {a['test_per_draw']:.1%} and "
+              f"{b['test_per_draw']:.1%} (paired p = {c['p_permutation']:.2g})")
+    fast, fast_wide = runs["updates_16_rate_3e-4"], runs["updates_16_clip_0p99_rate_3e-4"]
+    c = ablations.compare(fast, fast_wide, names=("clip 0.2", "clip 0.99"))["test_sample"]
+    against_start = ablations.compare(ablations.warm_start_evaluation(preset), fast,
+                                      names=("warm start", "16 updates, clip 0.2"))
+    print(f"Against the warm start, 16 updates at 3e-4 with the clip: {against_start['test_sample']['verdict']}.")
+    s, w = ablations.summary(fast), ablations.summary(fast_wide)
+    return check_prediction(prediction, _call(c), choices=CLIP_CHOICES, why=(
+        f"each update on the same batch moves the policy further from the one that sampled it.  With the clip, "
+        f"{s['clip_end']:.1%} of the tokens ended in the clipped region (the ratio outside "
+        f"[{1 - fast.clip_eps:g}, {1 + fast.clip_eps:g}] on the side "
+        f"their advantage pushes) and lost their gradient; at 0.99 only {w['clip_end']:.1%} did, and the KL ended "
+        f"{w['kl_end'] / s['kl_end']:.1f} times higher.  Paired on the test, widening the clip: {c['verdict']}."))
+
+
+def reveal_leash(prediction, preset: str = "tiny") -> dict:
+    """Chapter 5: the smallest KL coefficient that halves the end-of-run KL of the run without a leash."""
+    runs = ablations.load(preset, ("beta_0", ablations.PARTNER, "beta_0p2", "beta_1", "beta_5"))
+    betas = [(name, runs[name].kl_coef) for name in ("beta_0", ablations.PARTNER, "beta_0p2", "beta_1", "beta_5")]
+    free = ablations.summary(runs["beta_0"])["kl_end"]
+    measured, protocol_share, separable = None, None, []
+    for name, beta in betas:
+        s = ablations.summary(runs[name])
+        c = (ablations.compare(runs["beta_0"], runs[name], names=("no leash", f"beta {beta:g}"))["test_sample"]
+             if beta else None)
+        print(f"beta {beta:<5g} KL at the end {s['kl_end']:.4f} ({s['kl_end'] / free:.0%} of no leash's), test per "
+              f"draw {s['test_per_draw']:.1%}" + (f"; against no leash: p = {c['p_permutation']:.2g}" if c else ""))
+        if measured is None and beta > 0 and s["kl_end"] <= free / 2:
+            measured = beta
+        if name == ablations.PARTNER:
+            protocol_share = s["kl_end"] / free
+        if c and c["p_permutation"] < paired.ALPHA:
+            separable.append(f"beta {beta:g} ({'ahead' if c['mean_difference'] > 0 else 'behind'}, "
+                             f"p = {c['p_permutation']:.2g})")
+    tested = ("on the test, " + ", ".join(separable) + " differs from no leash at p < 0.05"
+              if separable else "on the test, no beta differs from no leash at p < 0.05")
+    return check_prediction(prediction, measured, choices=(0.02, 0.2, 1.0, 5.0), why=(
+        f"the penalty pulls with beta times the KL's gradient.  At the protocol's beta the run ends with "
+        f"{protocol_share:.0%} of the free run's KL: at this budget the leash does not bind; the KL halves only "
+        f"once beta reaches {measured:g}.  On success: {tested}."))
+
+
+def reveal_seeds(prediction, preset: str = "tiny") -> dict:
+    """Chapter 6: three GRPO runs that differ only in their training seed: the spread of their test success."""
+    spreads = {m: ablations.seed_spread(m, preset) for m in ablations.SEEDS}
+    for m, s in spreads.items():
+        print(f"{m.upper():<5} test per draw by seed: " + ", ".join(f"{r:.1%}" for r in s["test_per_draw"])
+              + f"; spread {100 * s['spread']:.1f} points")
+    g = spreads["grpo"]
+    return check_prediction(prediction, round(100 * g["spread"], 1), tolerance=1.0, low=0.0, high=100.0, why=(
+        f"each seed draws other prompts in another order and samples other rollouts: the same method lands "
+        f"{100 * g['spread']:.1f} points apart.  An ablation's effect smaller than that is not told apart from a "
+        "lucky seed by one run of each."))
+
+
+def reveal_separable(prediction, preset: str = "tiny") -> dict:
+    """Chapter 7: of the three pairs of GRPO seeds, how many are separable at p < 0.05 on the test?"""
+    from itertools import combinations
+
+    runs = ablations.load(preset, ablations.SEEDS["grpo"])
+    count = 0
+    for a, b in combinations(ablations.SEEDS["grpo"], 2):
+        c = ablations.compare(runs[a], runs[b], names=(a, b))["test_sample"]
+        count += c["p_permutation"] < paired.ALPHA
+        print(f"{a} against {b}: {c['verdict']}")
+    start = ablations.warm_start_evaluation(preset)
+    beat = []
+    for name in ablations.SEEDS["grpo"]:
+        c = ablations.compare(start, runs[name], names=("warm start", name))["test_sample"]
+        print(f"{name} against the warm start: {100 * c['mean_difference']:+.1f} points, p = {c['p_permutation']:.2g}")
+        beat.append(c["p_permutation"] < paired.ALPHA and c["mean_difference"] > 0)
+    return check_prediction(prediction, count, choices=(0, 1, 2, 3), why=(
+        f"{count} of 3 pairs of one method differ at p < 0.05, and {sum(beat)} of the 3 seeds beat the warm start "
+        "at p < 0.05.  The paired test covers the noise of sampling and of evaluation on these 200 problems, not "
+        "the noise of training: a method's effect is established by several seeds, not by one run's p-value."))
+
+
+def reveal_split(prediction, preset: str = "tiny") -> dict:
+    """Chapter 8: at 64 prompts x G = 2, the share of groups with no signal (rewards all equal)."""
+    runs = ablations.load(preset, ("split_64x2", "split_32x4", ablations.PARTNER, "split_8x16"))
+    partner = runs[ablations.PARTNER]
+    across = f"{partner.prompts_per_iteration} x {partner.group_size}"
+    separable = []
+    for name, run in runs.items():
+        G = run.group_size
+        s = ablations.summary(run)
+        line = (f"{runs[name].prompts_per_iteration:>2} prompts x G = {G:<2}: no signal in {s['zero_signal_all']:.0%} "
+                f"of the groups, test per draw {s['test_per_draw']:.1%}")
+        if name != ablations.PARTNER:
+            c = ablations.compare(runs[ablations.PARTNER], runs[name])["test_sample"]
+            line += f" (against {across}: p = {c['p_permutation']:.2g})"
+            if c["p_permutation"] < paired.ALPHA:
+                separable.append(f"{runs[name].prompts_per_iteration} x {G} "
+                                 f"({'ahead' if c['mean_difference'] > 0 else 'behind'}, p = {c['p_permutation']:.2g})")
+        print(line)
+    measured = ablations.summary(runs["split_64x2"])["zero_signal_all"]
+    rewards = [h["reward"] for h in runs["split_64x2"].history()]
+    p_mean = sum(rewards) / len(rewards)
+    uniform = p_mean ** 2 + (1 - p_mean) ** 2
+    tested = (f"; on the test only {', '.join(separable)} is separable from {across}" if separable
+              else f"; on the test no split is separable from {across}")
+    return check_prediction(prediction, round(measured, 2), tolerance=0.05, share=True, low=0.0, high=1.0, why=(
+        f"a group of two has no signal whenever both answers agree: p^2 + (1 - p)^2, at least 0.5 whatever p.  At "
+        f"the run's mean success p = {p_mean:.2f} that is {uniform:.2f}; measured {measured:.2f}, "
+        + ("higher, because its prompts are solved at different rates (an easy prompt's pair agrees more often)"
+           if measured > uniform else "not above it") + tested + "."))
+
+
+RARE_ZERO_CHOICES = ("stays below 1%", "rises, but stays under 20%", "reaches 20% or more")
+
+
+def rare_zero_outcome(think_rate: float) -> str:
+    return RARE_ZERO_CHOICES[0] if think_rate < 0.01 else RARE_ZERO_CHOICES[1] if think_rate < 0.2 else RARE_ZERO_CHOICES[2]
+
+
+def reveal_rare_zero(prediction, preset: str = "tiny") -> dict:
+    """Chapter 11: GRPO from the base whose second phase never showed working: does the think rate rise?"""
+    ba = reasoning_report.before_after("from_rare_0", preset)
+    before, after = ba["before"]["think_rate"], ba["after"]["think_rate"]
+    history = reasoning_report.run_history("from_rare_0", preset)
+    first = next((line["iteration"] for line in history if line["think_rate"] > 0), None)
+    print(f"The base rare_0 thinks in {before:.1%} of its {ba['before']['responses']} test answers; after "
+          f"{len(history)} GRPO iterations, {after:.1%}.  In training, the first iteration with any response that "
+          f"thinks: {first if first is not None else 'none'}.")
+    return check_prediction(prediction, rare_zero_outcome(after), choices=RARE_ZERO_CHOICES, why=(
+        "GRPO can only raise the probability of what it samples.  A behaviour the base never shows gives no "
+        "group a thinking response to reward, so nothing pushes it up; one the base shows now and then is "
+        "rewarded every time it wins its group.  Whether rare_0 still shows working at all is what its "
+        "first phase left behind: it learned the skill, then saw none of it for "
+        f"{RunFolder(thinking_base.default_run_dir(preset, 'rare_0')).manifest()['steps']} updates."))
+
+

@@ -1,0 +1,539 @@
+"""The objective's variants: typed switches of the one GRPO loop (chapter 9).
+
+The protocol's run is `Variant()`, every switch at its default; any other value changes one
+part of the loop and nothing else:
+
+    objective          "grpo"  clipped surrogate on group advantages (the protocol)
+                       "rft"   rejection-sampling fine-tuning (STaR-like): cross-entropy on the
+                               policy's own responses whose optimised reward is 1; no advantage
+                       "sft"   cross-entropy on the solver's targets for the same prompts: the
+                               supervised reference at an equal prompt budget
+                       "gspo"  GSPO: one ratio per response, exp(mean over its tokens of
+                               log pi - log pi_old), clipped per response to [1 - 3e-4, 1 + 4e-4]
+                       "cispo" CISPO: sg(min(rho, 1 + eps_high)) A log pi on every token: the
+                               weight is capped, no token's gradient is dropped
+    baseline           what is subtracted from each reward: "group_mean" (GRPO, Dr. GRPO);
+                       "leave_one_out": the mean of the group's other G - 1 rewards (RLOO);
+                       "none": nothing, A = r (REINFORCE on the 0/1 reward)
+    scale_by_std       True: A = (r - mean) / (std + eps) (GRPO); False: A = r - mean (Dr. GRPO).
+                       With near-equal rewards the division amplifies tiny differences.  Only
+                       with the group-mean baseline.
+    reduction          "sequence": token -> response -> prompt means (each response weighs the
+                       same, whatever its length); "token": one mean over all the batch's tokens
+                       (TRL's "dapo"/"bnpo"): a long response weighs more; "constant": the sum
+                       over all tokens / (B x the preset's response limit) (Dr. GRPO's)
+    kl                 "exact": the exact per-prefix KL(current || reference) over the vocabulary
+                       (the protocol); "k1", "k2", "k3": an estimator on the sampled tokens, put
+                       in the loss as it is.  k3 (DeepSeekMath, TRL) has an expected gradient that
+                       follows KL(reference || current), not KL(current || reference); k2's follows
+                       KL(current || reference); k1's is zero in expectation; "none"
+    clip_eps_high      the upper clip's epsilon (DAPO's clip-higher: 0.28); None: the preset's
+                       clip_eps, a symmetric clip.  CISPO's weight cap is 1 + this
+    overlong_filter    DAPO's overlong filtering: responses stopped by the token limit are taken
+                       out of the loss (needs reduction "token" or "constant")
+    dynamic_sampling   DAPO's dynamic sampling: groups whose optimised rewards are all equal are
+                       dropped and replaced by groups of fresh prompts, at most
+                       DYNAMIC_SAMPLING_ROUNDS extra draws of P prompts an iteration (then the
+                       batch is filled up with dropped groups); logged per iteration
+    sampler_weights    the sampler's copy of the policy: "float32" (the trainer's own weights: the
+                       protocol, where sampler and trainer agree to 2e-4); "bfloat16" or "float8"
+                       (e4m3, one scale per tensor): the weights rounded as an inference engine
+                       holds them, so the sampler's probabilities differ from the trainer's.  The
+                       pre-update check then reports the mismatch instead of stopping the run
+    logp_old_from      where logp_old comes from: "sampler" (the log-probs recorded at sampling
+                       time: the protocol); "trainer": recomputed by the policy before the first
+                       update (one forward more), as most libraries do, so the first ratio is 1
+    tis_cap            truncated importance sampling (needs logp_old_from "trainer"): each token's
+                       surrogate term x min(pi_trainer / pi_sampler, tis_cap), detached; None: off
+    length_penalty     the optimised reward is r - length_penalty x (response tokens / limit)
+    updates_per_iteration  None: the preset's 2; with 1 the ratio is exactly 1 and the clip never
+                       acts (REINFORCE with a group baseline)
+    reward             "verifier" (the protocol); "random": Bernoulli(random_reward_p), independent
+                       of the response (a control); "format": 1 for a schema-valid answer,
+                       whatever its value (a control); "learned": the learned verifier's yes/no
+                       (`labkit.studies.reward_model`, runs/<preset>/reward_model/), a proxy (chapter 10)
+    random_reward_p    the random control's success probability (the sweep uses the warm start's
+                       per-draw validation success)
+
+The log always keeps the true (verifier) reward beside the optimised one.
+
+Each switch with named values is a table below, one small function per entry: `REWARD_TABLE`,
+`KL_TABLE`, `OBJECTIVE_TABLE` and `ADVANTAGE_TABLE`.  `resolve` looks a variant up in them once,
+when a loop starts (`labkit.grpo.loop.start_loop`); the loop then calls what it was given.  The loss
+terms of GSPO and CISPO are `labkit.grpo.objectives`' (each checked against its paper's formula).
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import json
+from dataclasses import asdict, dataclass, fields
+from typing import Callable
+
+import torch
+
+from . import losses, objectives
+
+OBJECTIVES = ("grpo", "rft", "sft", "gspo", "cispo")
+REDUCTIONS = losses.REDUCTIONS
+KLS = ("exact", "k1", "k2", "k3", "none")
+REWARDS = ("verifier", "random", "format", "learned")
+BASELINES = ("group_mean", "leave_one_out", "none")
+SAMPLER_WEIGHTS = ("float32", "bfloat16", "float8")
+LOGP_OLD_FROM = ("sampler", "trainer")
+DYNAMIC_SAMPLING_ROUNDS = 3
+"""extra draws of P prompts an iteration that dynamic sampling may make before it stops"""
+
+
+@dataclass(frozen=True)
+class Variant:
+    """One setting of the loop's switches (the module docstring says what each does)."""
+
+    objective: str = "grpo"
+    """"grpo", "rft", "sft", "gspo" or "cispo\""""
+    scale_by_std: bool = True
+    """divide the centred rewards by the group's std (GRPO) or not (Dr. GRPO)"""
+    reduction: str = "sequence"
+    """"sequence" (token -> response -> prompt means), "token" (one mean over all tokens) or "constant"
+    (the sum over all tokens / (B x the response limit))"""
+    kl: str = "exact"
+    """"exact" (per-prefix, whole vocabulary), "k1", "k2", "k3" (sampled tokens) or "none\""""
+    length_penalty: float = 0.0
+    """coefficient of the length penalty on the optimised reward"""
+    updates_per_iteration: int | None = None
+    """updates on each iteration's rollouts; None: the preset's"""
+    reward: str = "verifier"
+    """"verifier", "random", "format" or "learned\""""
+    random_reward_p: float | None = None
+    """the random control's success probability (required with reward "random")"""
+    baseline: str = "group_mean"
+    """"group_mean", "leave_one_out" (RLOO) or "none" (REINFORCE)"""
+    clip_eps_high: float | None = None
+    """the upper clip's epsilon (DAPO: 0.28); None: the preset's clip_eps"""
+    overlong_filter: bool = False
+    """take responses stopped by the token limit out of the loss (DAPO)"""
+    dynamic_sampling: bool = False
+    """replace groups with no signal by fresh prompts' groups (DAPO)"""
+    sampler_weights: str = "float32"
+    """"float32" (the trainer's weights), "bfloat16" or "float8" (rounded copies for the sampler)"""
+    logp_old_from: str = "sampler"
+    """"sampler" (recorded at sampling time) or "trainer" (recomputed before the first update)"""
+    tis_cap: float | None = None
+    """truncated importance sampling's cap C on pi_trainer / pi_sampler (Yao et al.: 2); None: off"""
+
+    def __post_init__(self):
+        for name, allowed in (("objective", OBJECTIVES), ("reduction", REDUCTIONS), ("kl", KLS),
+                              ("reward", REWARDS), ("baseline", BASELINES),
+                              ("sampler_weights", SAMPLER_WEIGHTS), ("logp_old_from", LOGP_OLD_FROM)):
+            if getattr(self, name) not in allowed:
+                raise ValueError(f"variant {name}={getattr(self, name)!r}: expected one of {allowed}")
+        for name in ("scale_by_std", "overlong_filter", "dynamic_sampling"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"variant {name}={getattr(self, name)!r}: expected true or false")
+        if self.baseline != "group_mean" and self.scale_by_std:
+            raise ValueError(f"variant baseline={self.baseline!r} divides by no std: set scale_by_std to false")
+        if self.clip_eps_high is not None and (isinstance(self.clip_eps_high, bool)
+                                               or not isinstance(self.clip_eps_high, (int, float))
+                                               or not 0.0 < self.clip_eps_high < 1.0):
+            raise ValueError(f"variant clip_eps_high={self.clip_eps_high!r}: a number in (0, 1)")
+        if self.objective == "gspo" and self.reduction != "sequence":
+            raise ValueError(f"variant objective 'gspo' reduces per response: reduction must be 'sequence', "
+                             f"got {self.reduction!r}")
+        if self.overlong_filter and self.reduction == "sequence":
+            raise ValueError("variant overlong_filter drops responses' tokens from a token-level reduction: "
+                             "set reduction to 'token' (DAPO's) or 'constant'")
+        if self.objective in ("rft", "sft") and (self.baseline != "group_mean" or self.clip_eps_high is not None
+                                                 or self.overlong_filter or self.dynamic_sampling):
+            raise ValueError(f"variant objective {self.objective!r} learns by cross-entropy: baseline, "
+                             f"clip_eps_high, overlong_filter and dynamic_sampling do not apply")
+        if self.tis_cap is not None and (isinstance(self.tis_cap, bool) or not isinstance(self.tis_cap, (int, float))
+                                         or not self.tis_cap > 1.0):
+            raise ValueError(f"variant tis_cap={self.tis_cap!r}: a number > 1 (Yao et al. use 2)")
+        if self.tis_cap is not None and (self.logp_old_from != "trainer" or self.objective != "grpo"):
+            raise ValueError("variant tis_cap weights GRPO's surrogate by pi_trainer / pi_sampler: it needs "
+                             "objective 'grpo' and logp_old_from 'trainer'")
+        if self.logp_old_from == "trainer" and OBJECTIVE_TABLE[self.objective].rows != "rollouts":
+            raise ValueError(f"variant logp_old_from 'trainer': objective {self.objective!r} has no ratio, "
+                             "so no logp_old")
+        if isinstance(self.length_penalty, bool) or not isinstance(self.length_penalty, (int, float)) \
+                or not self.length_penalty >= 0.0:
+            raise ValueError(f"variant length_penalty={self.length_penalty!r}: a number >= 0")
+        if self.random_reward_p is not None and (isinstance(self.random_reward_p, bool)
+                                                 or not isinstance(self.random_reward_p, (int, float))):
+            raise ValueError(f"variant random_reward_p={self.random_reward_p!r}: a number in [0, 1]")
+        if self.updates_per_iteration is not None and (isinstance(self.updates_per_iteration, bool)
+                                                       or not isinstance(self.updates_per_iteration, int)
+                                                       or self.updates_per_iteration < 1):
+            raise ValueError(f"variant updates_per_iteration={self.updates_per_iteration!r}: a positive integer")
+        if self.reward == "random" and not (self.random_reward_p is not None and 0.0 <= self.random_reward_p <= 1.0):
+            raise ValueError(f"variant reward 'random' needs random_reward_p in [0, 1], got {self.random_reward_p!r}")
+        if self.reward != "random" and self.random_reward_p is not None:
+            raise ValueError("variant random_reward_p is only for reward 'random'")
+
+    @classmethod
+    def from_dict(cls, options: dict) -> "Variant":
+        """A variant from plain options; an unknown key is an error naming the known ones."""
+        if not isinstance(options, dict):
+            raise ValueError(f"variant options {options!r}: expected an object of option: value pairs, "
+                             f"e.g. {{\"kl\": \"none\"}}")
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(options) - known)
+        if unknown:
+            raise ValueError(f"unknown variant option(s) {unknown}; known: {sorted(known)}")
+        return cls(**options)
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @property
+    def is_protocol(self) -> bool:
+        return self == Variant()
+
+    def fingerprint(self) -> str:
+        return hashlib.sha256(json.dumps(self.to_dict(), sort_keys=True).encode()).hexdigest()[:12]
+
+
+# -- The tables: one small function per entry --------------------------------------------------
+#
+# Rewards.  Each takes the iteration's groups (`labkit.models.sampling.Group`, P of them, G rollouts
+# each) and the loop, and returns the (P, G) float32 rewards the loop optimises.  The loop gives
+# what an entry needs: `learned_verifier` (reward "learned"), `reward_generator` and `variant`
+# (reward "random").
+
+
+def verifier_reward(groups, loop) -> torch.Tensor:
+    """The verifier's reward (the protocol)."""
+    return torch.tensor([g.rewards for g in groups])
+
+
+def format_reward(groups, loop) -> torch.Tensor:
+    """1 for a schema-valid answer, whatever its value (a control)."""
+    return torch.tensor([[float(v.valid) for v in g.verdicts] for g in groups])
+
+
+def learned_reward(groups, loop) -> torch.Tensor:
+    """The learned verifier's yes/no (a proxy; the verifier's reward is still logged beside it)."""
+    proxy, _ = loop.learned_verifier.rewards([r.prompt_ids for g in groups for r in g.rollouts],
+                                             [r.response_ids for g in groups for r in g.rollouts])
+    return proxy.reshape(len(groups), -1)
+
+
+def random_reward(groups, loop) -> torch.Tensor:
+    """Bernoulli(random_reward_p), independent of the response, from the control's own seeded stream."""
+    shape = (len(groups), len(groups[0].rollouts))
+    return (torch.rand(shape, generator=loop.reward_generator) < loop.variant.random_reward_p).float()
+
+
+@dataclass(frozen=True)
+class Reward:
+    """An entry of `REWARD_TABLE`: the function, and what the loop must be given for it."""
+
+    compute: Callable
+    """compute(groups, loop) -> (P, G) float32"""
+    needs_learned_verifier: bool = False
+    """the loop must be passed a `labkit.studies.reward_model.LearnedVerifier`"""
+    needs_generator: bool = False
+    """the loop seeds a generator of its own for it (saved in every state)"""
+
+
+REWARD_TABLE = {
+    "verifier": Reward(verifier_reward),
+    "random": Reward(random_reward, needs_generator=True),
+    "format": Reward(format_reward),
+    "learned": Reward(learned_reward, needs_learned_verifier=True),
+}
+
+# KL terms.  Each takes the current policy's (logp (B, R), logits (B, R, V)), the reference's,
+# `reduce(values (B, R)) -> 0-d` (the loss's reduction, the variant's), `measure(values) -> 0-d` (the
+# protocol's sequence mean over every response token, the same for every run) and the exact KL's block
+# size, and returns (penalty, exact, k3): the term the loss optimises, reduced as the loss is, and the
+# two logged measures.  The logged `kl` is always the exact per-prefix KL under `measure`, without
+# gradient when it is not the one optimised, so that runs with different penalties and different
+# reductions are compared on the same measure.
+
+
+def exact_kl_term(current, reference, reduce, measure, block_size: int):
+    """The exact per-prefix KL(current || reference) over the vocabulary (the protocol)."""
+    with torch.no_grad():
+        k3 = measure(losses.kl_estimators(current[0].detach(), reference[0])["k3"])
+    values = losses.exact_prefix_kl(current[1], reference[1], block_size=block_size)
+    penalty = reduce(values)
+    with torch.no_grad():
+        exact = penalty.detach() if reduce is measure else measure(values.detach())
+    return penalty, exact, k3
+
+
+def estimator_kl_term(name: str) -> Callable:
+    """The KL term that puts estimator `name` ("k1", "k2" or "k3") of `losses.kl_estimators` in the loss."""
+    def term(current, reference, reduce, measure, block_size: int):
+        values = losses.kl_estimators(current[0], reference[0])
+        estimate = reduce(values[name])
+        with torch.no_grad():
+            k3 = measure(values["k3"].detach())
+            exact = measure(losses.exact_prefix_kl(current[1].detach(), reference[1], block_size=block_size))
+        return estimate, exact, k3
+    term.__doc__ = f"The {name} estimator on the sampled tokens, in the loss as it is" + (
+        " (DeepSeekMath, TRL)." if name == "k3" else ".")
+    return term
+
+
+k3_kl_term = estimator_kl_term("k3")
+
+
+def no_kl_term(current, reference, reduce, measure, block_size: int):
+    """No penalty; both measures are still logged."""
+    with torch.no_grad():
+        k3 = measure(losses.kl_estimators(current[0].detach(), reference[0])["k3"])
+        exact = measure(losses.exact_prefix_kl(current[1].detach(), reference[1], block_size=block_size))
+    return torch.zeros((), device=current[0].device), exact, k3
+
+
+KL_TABLE = {"exact": exact_kl_term, "k1": estimator_kl_term("k1"), "k2": estimator_kl_term("k2"),
+            "k3": k3_kl_term, "none": no_kl_term}
+
+# Objectives.  Each entry says which rows the updates learn from and which loss term they use.
+# The rows: "rollouts", the iteration's own rollouts with their advantages (GRPO);
+# "own_correct", its responses whose optimised reward is 1 (RFT, possibly none);
+# "solver_targets", the solver's target for each chosen prompt (SFT).
+
+
+@dataclass(frozen=True)
+class Clip:
+    """What an objective's term needs beyond the batch: the clip and the constant reduction's length."""
+
+    eps: float
+    """the lower clip's epsilon (the preset's clip_eps)"""
+    eps_high: float
+    """the upper clip's epsilon (= eps unless the variant sets clip_eps_high); CISPO's cap is 1 + this"""
+    max_response_tokens: int
+    """the preset's response limit: the length in the "constant" reduction"""
+
+
+def surrogate_term(logp_cur, old_logprobs, advantages, mask, group_size, reduction, clip: Clip,
+                   token_weights=None):
+    """The clipped surrogate on group advantages, reduced per group: (value 0-d, clip statistics)."""
+    return losses.clipped_surrogate(logp_cur, old_logprobs, advantages, mask, clip_eps=clip.eps,
+                                    group_size=group_size, reduction=reduction,
+                                    clip_eps_high=None if clip.eps_high == clip.eps else clip.eps_high,
+                                    max_response_tokens=clip.max_response_tokens, token_weights=token_weights)
+
+
+def sequence_ratio_term(logp_cur, old_logprobs, advantages, mask, group_size, reduction, clip: Clip,
+                        token_weights=None):
+    """GSPO: each response's ratio exp(mean_t log-ratio), clipped per response to the paper's
+    [1 - 3e-4, 1 + 4e-4] (`objectives.DEFAULTS`), a mean over each group's responses, then over groups."""
+    eps_low, eps_high = objectives.DEFAULTS["gspo"]["epsilon_low"], objectives.DEFAULTS["gspo"]["epsilon_high"]
+    s = objectives.sequence_ratio(logp_cur, old_logprobs, mask)  # (B,)
+    per_response = objectives.clipped_term(s, advantages, eps_low, eps_high)  # (B,)
+    rows = per_response.shape[0]
+    group_size = rows if group_size is None else group_size
+    value = -per_response.view(rows // group_size, group_size).mean(dim=1).mean()
+    with torch.no_grad():
+        adv = advantages.to(s.dtype)
+        low, high = (s < 1.0 - eps_low) & (adv < 0), (s > 1.0 + eps_high) & (adv > 0)
+        stats = {"clip_ratio/low_mean": low.double().mean().item(), "clip_ratio/high_mean": high.double().mean().item(),
+                 "clip_ratio/region_mean": (low | high).double().mean().item(),
+                 "ratio/mean": s.mean().item(), "ratio/min": s.min().item(), "ratio/max": s.max().item()}
+    return value, stats
+
+
+def capped_weight_term(logp_cur, old_logprobs, advantages, mask, group_size, reduction, clip: Clip,
+                       token_weights=None):
+    """CISPO: sg(min(rho, 1 + eps_high)) A log pi on every token, reduced as the variant says; the
+    "high" share is the tokens whose weight the cap cut (their gradient is kept, scaled down)."""
+    per_token = objectives.capped_weight_per_token(logp_cur, old_logprobs, advantages, 1.0 + clip.eps_high)
+    value = -losses.reduce(per_token, mask, group_size, reduction, clip.max_response_tokens)
+    with torch.no_grad():
+        active = mask.bool()
+        rho = torch.exp(torch.where(active, logp_cur - old_logprobs, torch.zeros_like(logp_cur)))[active]
+        capped = (rho > 1.0 + clip.eps_high).double().mean().item()
+        stats = {"clip_ratio/low_mean": 0.0, "clip_ratio/high_mean": capped, "clip_ratio/region_mean": capped,
+                 "ratio/mean": rho.mean().item(), "ratio/min": rho.min().item(), "ratio/max": rho.max().item()}
+    return value, stats
+
+
+def imitation_term(logp_cur, old_logprobs, advantages, mask, group_size, reduction, clip: Clip,
+                   token_weights=None):
+    """The mean negative log-likelihood of the rows (one group of all); no ratio, so nothing clipped."""
+    return losses.reduce(-logp_cur, mask, None, reduction, clip.max_response_tokens), {
+        "clip_ratio/low_mean": 0.0, "clip_ratio/high_mean": 0.0, "clip_ratio/region_mean": 0.0}
+
+
+@dataclass(frozen=True)
+class Objective:
+    """An entry of `OBJECTIVE_TABLE`."""
+
+    rows: str
+    """"rollouts", "own_correct" or "solver_targets" (the comment above the table)"""
+    term: Callable
+    """term(logp_cur, old_logprobs, advantages, mask, group_size, reduction, clip, token_weights) -> (0-d,
+    stats); token_weights (B, R) or None: truncated importance sampling's, which only GRPO's term takes
+    (`Variant` refuses tis_cap with any other objective)"""
+    grouped: bool
+    """reduce per group of G (the surrogate's) or over all rows as one group (cross-entropy's)"""
+
+
+OBJECTIVE_TABLE = {
+    "grpo": Objective("rollouts", surrogate_term, grouped=True),
+    "rft": Objective("own_correct", imitation_term, grouped=False),
+    "sft": Objective("solver_targets", imitation_term, grouped=False),
+    "gspo": Objective("rollouts", sequence_ratio_term, grouped=True),
+    "cispo": Objective("rollouts", capped_weight_term, grouped=True),
+}
+
+# Baselines: each takes the (P, G) optimised rewards, the preset's advantage eps and the variant's
+# scale_by_std, and returns the (P, G) float64 advantages.
+ADVANTAGE_TABLE = {
+    "group_mean": lambda rewards, eps, scale_by_std: losses.group_advantages(rewards, eps=eps, scale_by_std=scale_by_std),
+    "leave_one_out": lambda rewards, eps, scale_by_std: losses.leave_one_out_advantages(rewards),
+    "none": lambda rewards, eps, scale_by_std: losses.raw_reward_advantages(rewards),
+}
+
+
+# Groups and rows.  `refill` takes the iteration's (chosen, groups, optimised (P, G)), P and a
+# `redraw(tag) -> (chosen, groups, optimised)` that samples P fresh prompts (the loop's), and returns
+# the groups the iteration learns from with an account (None when it changes nothing);
+# `loss_rows(rollouts)` says which rollouts the loss sees ((B,) bool), None for all of them.
+
+
+def keep_groups(chosen, groups, optimised, P, redraw):
+    """The protocol: the iteration learns from the P groups it drew, silent or not."""
+    return chosen, groups, optimised, None
+
+
+def refill_silent_groups(chosen, groups, optimised, P, redraw):
+    """DAPO's dynamic sampling: keep the groups whose optimised rewards differ; redraw P fresh prompts,
+    at most DYNAMIC_SAMPLING_ROUNDS times, until P such groups are found; if the cap comes first, fill
+    the batch up with silent groups (they add nothing, as in plain GRPO).  The kept groups stay in the
+    order they were drawn.  The account: rounds, prompts drawn, groups with signal, silent ones kept."""
+    drawn = list(zip(chosen, groups, optimised))  # (problem, group, (G,) rewards)
+    silent = lambda d: bool(losses.zero_variance_groups(d[2][None])[0])  # noqa: E731
+    rounds = 0
+    while sum(not silent(d) for d in drawn) < P and rounds < DYNAMIC_SAMPLING_ROUNDS:
+        rounds += 1
+        drawn += list(zip(*redraw(f"-d{rounds}")))
+    with_signal = [i for i, d in enumerate(drawn) if not silent(d)]
+    kept = sorted((with_signal + [i for i, d in enumerate(drawn) if silent(d)])[:P])
+    account = {"rounds": rounds, "prompts_drawn": len(drawn), "groups_with_signal": len(with_signal),
+               "silent_kept": sum(silent(drawn[i]) for i in kept)}
+    return ([drawn[i][0] for i in kept], [drawn[i][1] for i in kept], torch.stack([drawn[i][2] for i in kept]),
+            account)
+
+
+def all_rows(rollouts):
+    """The protocol: the loss sees every rollout."""
+    return None
+
+
+def drop_overlong(rollouts) -> torch.Tensor:
+    """DAPO's overlong filtering: (B,) bool, False for a response stopped by the token limit."""
+    return torch.tensor([r.finish_reason != "length" for r in rollouts])
+
+
+REFILL_TABLE = {False: keep_groups, True: refill_silent_groups}
+LOSS_ROWS_TABLE = {False: all_rows, True: drop_overlong}
+
+
+# The sampler's weights.  Each entry takes the policy and returns the model the iteration samples
+# from: the policy itself (the protocol), or a copy whose weights are rounded as a low-precision
+# inference engine would hold them (computed in float32, so the result is the same on every CPU).
+
+
+def same_weights(model):
+    """The protocol: the sampler is the trainer's policy itself."""
+    return model
+
+
+def rounded_copy(round_tensor: Callable) -> Callable:
+    """A sampler that is a copy of the policy with every weight passed through `round_tensor`."""
+    def copy_for_sampling(model):
+        sampler = copy.deepcopy(model)
+        with torch.no_grad():
+            for p in sampler.parameters():
+                p.copy_(round_tensor(p))
+        sampler.requires_grad_(False)
+        return sampler
+    copy_for_sampling.__doc__ = round_tensor.__doc__
+    return copy_for_sampling
+
+
+def to_bfloat16(w: torch.Tensor) -> torch.Tensor:
+    """bfloat16 weights (8 bits of mantissa), as most inference engines serve a policy."""
+    return w.to(torch.bfloat16).to(w.dtype)
+
+
+def to_float8(w: torch.Tensor) -> torch.Tensor:
+    """float8 e4m3 weights with one scale per tensor (its largest |w| maps to 448, e4m3's largest)."""
+    scale = w.abs().max().clamp_min(1e-12) / 448.0
+    return (w / scale).to(torch.float8_e4m3fn).to(w.dtype) * scale
+
+
+SAMPLER_WEIGHTS_TABLE = {"float32": same_weights, "bfloat16": rounded_copy(to_bfloat16),
+                         "float8": rounded_copy(to_float8)}
+
+
+def length_penalised(compute: Callable, coefficient: float) -> Callable:
+    """compute's rewards minus coefficient x (response tokens / the preset's response limit)."""
+    def penalised(groups, loop) -> torch.Tensor:
+        lengths = torch.tensor([[len(r.response_ids) for r in g.rollouts] for g in groups], dtype=torch.float32)
+        return compute(groups, loop) - coefficient * lengths / loop.config.max_response_tokens
+    return penalised
+
+
+@dataclass(frozen=True)
+class Resolved:
+    """A variant looked up in the tables: what the loop calls."""
+
+    reward: Reward
+    optimised_reward: Callable
+    """optimised_reward(groups, loop) -> (P, G) float32: the reward's, minus the length penalty if any"""
+    kl_term: Callable
+    objective: Objective
+    advantages: Callable
+    """advantages(rewards (P, G), eps, scale_by_std) -> (P, G) float64 (`ADVANTAGE_TABLE`)"""
+    refill: Callable
+    """`keep_groups` or `refill_silent_groups` (dynamic sampling)"""
+    loss_rows: Callable
+    """`all_rows` or `drop_overlong` (overlong filtering)"""
+    identity: dict
+    """what the variant adds to a run's identity ({} for the protocol, whose identity stays as it was)"""
+    clip_eps_high: float | None = None
+    """the variant's upper clip epsilon (None: the preset's clip_eps)"""
+    sampling_policy: Callable = same_weights
+    """sampling_policy(model) -> the model the iteration samples from (`SAMPLER_WEIGHTS_TABLE`)"""
+    strict_logprob_check: bool = True
+    """the pre-update check stops the run on a mismatch (False: a sampler that differs on purpose)"""
+    recompute_logp_old: bool = False
+    """logp_old from the trainer's forward before the first update, not the sampler's record"""
+    tis_cap: float | None = None
+    """truncated importance sampling's cap (None: no weights)"""
+
+    def clip(self, config) -> Clip:
+        """The clip and the constant reduction's length, from the preset's config and the variant."""
+        high = config.clip_eps if self.clip_eps_high is None else self.clip_eps_high
+        return Clip(eps=config.clip_eps, eps_high=high, max_response_tokens=config.max_response_tokens)
+
+
+def resolve(variant: Variant) -> Resolved:
+    """The one place where a variant's switches are looked up."""
+    reward = REWARD_TABLE[variant.reward]
+    optimised = length_penalised(reward.compute, variant.length_penalty) if variant.length_penalty else reward.compute
+    return Resolved(reward=reward, optimised_reward=optimised, kl_term=KL_TABLE[variant.kl],
+                    objective=OBJECTIVE_TABLE[variant.objective], advantages=ADVANTAGE_TABLE[variant.baseline],
+                    refill=REFILL_TABLE[variant.dynamic_sampling], loss_rows=LOSS_ROWS_TABLE[variant.overlong_filter],
+                    identity={} if variant.is_protocol else {"variant": variant.to_dict()},
+                    clip_eps_high=variant.clip_eps_high,
+                    sampling_policy=SAMPLER_WEIGHTS_TABLE[variant.sampler_weights],
+                    strict_logprob_check=variant.sampler_weights == "float32",
+                    recompute_logp_old=variant.logp_old_from == "trainer", tis_cap=variant.tis_cap)
+
+
+def needs_learned_verifier(variant: Variant) -> bool:
+    """Whether a run of `variant` must be given the learned verifier (reward "learned")."""
+    return REWARD_TABLE[variant.reward].needs_learned_verifier
+
+
+# every allowed value has its entry, and nothing else has one
+assert tuple(REWARD_TABLE) == REWARDS and tuple(KL_TABLE) == KLS and tuple(OBJECTIVE_TABLE) == OBJECTIVES
+assert tuple(ADVANTAGE_TABLE) == BASELINES and tuple(SAMPLER_WEIGHTS_TABLE) == SAMPLER_WEIGHTS

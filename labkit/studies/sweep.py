@@ -1,0 +1,443 @@
+"""A sweep of the loop's variants: runs cached by their configuration's fingerprint, run in parallel.
+
+    python -m labkit sweep [FILE] [--workers N] [--scheduler ADDRESS]
+
+FILE (JSON, or TOML with a top-level `runs` array) lists the runs: each a `name`, the variant
+`options` of `labkit.grpo.variants.Variant` (unknown keys are an error), optionally `start`, the
+finished step whose model the run starts from and keeps as its reference (default "warm_start";
+chapter 10 starts from "base" and "format_base"), and optionally `config`, the budget and the
+loop's numbers changed for that run (the keys of `CONFIG_KEYS`).  At the top level, beside `runs`,
+`config` sets those for every run of the file (a run's own `config` wins), `sampler` picks the
+sampler ("reference", the default, or "fast") and `shared_prompts` (true or false) computes each
+prompt once per group when scoring (`labkit.models.shared_prompt`); the ablations (sweeps/ablations.json)
+use all three.  For each run:
+
+1. its folder is runs/<preset>/sweep/<name>-<fingerprint>, the fingerprint a digest of everything
+   that makes its numbers: the preset's config, the variant, G, the iterations, the sampler, the
+   start file's digest, the learned verifier's digest (reward "learned"), and the digests of the
+   data and of the code (labkit.lab.cache's GRPO inputs);
+2. a finished folder is read, never rerun: asking again for a finished configuration costs nothing;
+3. a missing one is trained (`grpo.run_grpo` with the variant) and evaluated exactly as the
+   protocol's policies are (`evaluate.run_inference`: greedy and 4 draws on the 200 test problems,
+   into <run>/evaluation/), in a worker process; what they share (the finished warm start) is
+   checked before the fan-out.
+Workers: `concurrent.futures.ProcessPoolExecutor` on this machine, or a Dask distributed
+scheduler at ADDRESS (`dask-scheduler` and `dask-worker` started elsewhere), whose workers see the
+same repository at the same path.  Results (scoring phase): runs/<preset>/sweep/results.json for
+the default file (chapter 9), results-<file name>.json for another, gzipped (".gz") when the file sets
+"compress_results" (`results_file`, `load_results`).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import time
+from concurrent.futures import ProcessPoolExecutor, as_completed
+from pathlib import Path
+
+from ..lab.runs import REPO_ROOT, RunFolder, preset_folder, read_json, sha256_file, write_json
+from ..grpo.variants import Variant, needs_learned_verifier
+
+DEFAULT_FILE = REPO_ROOT / "sweeps" / "chapter9.json"
+RESULTS_FILE = "results.json"
+STARTS = ("warm_start", "base", "format_base")  # steps whose finished model a run may start from
+# The preset's numbers a sweep file may change, per run or for the whole file: the budget (prompts per
+# iteration, G, iterations, learning rate), the clip, the KL coefficient and the run's seed.
+CONFIG_KEYS = ("prompts_per_iteration", "group_size", "grpo_iterations", "grpo_lr", "clip_eps", "kl_coef", "seed")
+SAMPLERS = ("reference", "fast")
+
+
+def results_file(sweep_file: str | Path) -> str:
+    """Where a sweep file's results go, beside its runs: results.json for chapter 9's, else
+    results-<stem>.json; with ".gz" when the file sets "compress_results" (every committed sweep does:
+    their curves and evaluations are mostly white space and repetition, and gzip keeps the cache small)."""
+    sweep_file = Path(sweep_file)
+    name = RESULTS_FILE if sweep_file.resolve() == DEFAULT_FILE.resolve() else f"results-{sweep_file.stem}.json"
+    return name + (".gz" if _read_file(sweep_file).get("compress_results") else "")
+
+
+def load_results(sweep_file: str | Path = DEFAULT_FILE, preset: str = "tiny") -> dict:
+    """A sweep file's results (the scoring phase's evaluations and curves), from beside its runs."""
+    return read_results(sweep_root(sweep_file, preset) / results_file(sweep_file))
+
+
+def read_results(path: str | Path) -> dict:
+    """A sweep's results file, plain or gzipped (by its name)."""
+    path = Path(path)
+    if path.suffix != ".gz":
+        return read_json(path)
+    import gzip
+
+    try:
+        return json.loads(gzip.decompress(path.read_bytes()).decode("utf-8"))
+    except (OSError, EOFError, json.JSONDecodeError) as err:
+        raise ValueError(f"{path} is not a gzipped JSON file ({err}); rerun the sweep to rewrite it") from None
+
+
+def write_results(path: str | Path, results: dict) -> Path:
+    """Write a sweep's results, gzipped when the name ends in .gz (mtime 0: the same bytes every time)."""
+    if str(path).endswith(".gz"):
+        import gzip
+
+        from ..lab.runs import atomic_write_bytes, dumps_json
+
+        return atomic_write_bytes(path, gzip.compress(dumps_json(results).encode("utf-8"), compresslevel=9, mtime=0))
+    return write_json(path, results)
+
+
+def _read_file(path: Path) -> dict:
+    if not path.is_file():
+        raise FileNotFoundError(f"sweep file {path} does not exist")
+    import tomllib
+
+    kind = "TOML" if path.suffix == ".toml" else "JSON"
+    try:
+        text = path.read_text(encoding="utf-8")
+        if not text.strip():
+            raise ValueError(f"sweep file {path} is empty: expected {kind} with a top-level 'runs' list")
+        spec = tomllib.loads(text) if kind == "TOML" else json.loads(text)
+    except UnicodeDecodeError as err:
+        raise ValueError(f"sweep file {path} is not UTF-8 text (byte {err.start}): expected {kind}") from None
+    except (json.JSONDecodeError, tomllib.TOMLDecodeError) as err:
+        raise ValueError(f"sweep file {path} is not valid {kind} ({err})") from None
+    runs = spec.get("runs") if isinstance(spec, dict) else None
+    if not isinstance(runs, list) or not runs:
+        raise ValueError(f"{path}: expected a top-level 'runs' list of {{'name', 'options'}}")
+    unknown = sorted(set(spec) - {"runs", "config", "sampler", "shared_prompts", "folder", "about", "compress_results"})
+    if unknown:
+        raise ValueError(f"{path}: unknown top-level key(s) {unknown}; expected 'runs' and optionally 'config', "
+                         "'sampler', 'shared_prompts', 'folder', 'compress_results' and 'about'")
+    if not isinstance(spec.get("compress_results", False), bool):
+        raise ValueError(f"{path}: compress_results {spec['compress_results']!r}: expected true or false")
+    folder = spec.get("folder", "")
+    if not isinstance(folder, str) or not all(c.isalnum() or c in "_-" for c in folder):
+        raise ValueError(f"{path}: folder {folder!r}: expected a name of letters, digits, '_' or '-'")
+    return spec
+
+
+def _read_spec(path: Path) -> list[dict]:
+    return _read_file(path)["runs"]
+
+
+def _checked_config(path: Path, where: str, config) -> dict:
+    """A sweep file's `config` object, its keys among CONFIG_KEYS and its values numbers of the right kind."""
+    if config is None:
+        return {}
+    if not isinstance(config, dict):
+        raise ValueError(f"{path}: {where} config {config!r}: expected an object, e.g. {{\"clip_eps\": 0.2}}")
+    unknown = sorted(set(config) - set(CONFIG_KEYS))
+    if unknown:
+        raise ValueError(f"{path}: {where} config has unknown key(s) {unknown}; a sweep may change {list(CONFIG_KEYS)}")
+    for key, value in config.items():
+        integer = key in ("prompts_per_iteration", "group_size", "grpo_iterations", "seed")
+        kinds = (int,) if integer else (int, float)
+        if isinstance(value, bool) or not isinstance(value, kinds) or (key not in ("seed", "kl_coef") and not value > 0) \
+                or (key == "kl_coef" and not value >= 0) or (key == "group_size" and value < 2) \
+                or (key == "clip_eps" and not value < 1):
+            rule = ("an integer >= 2" if key == "group_size" else "an integer" if key == "seed"
+                    else "a positive integer" if integer else "a number >= 0" if key == "kl_coef"
+                    else "a number in (0, 1): the ratio is clipped to [1 - clip_eps, 1 + clip_eps]" if key == "clip_eps"
+                    else "a number > 0")
+            raise ValueError(f"{path}: {where} config {key}={value!r}: expected {rule}")
+    return dict(config)
+
+
+def sweep_root(path: str | Path, preset: str) -> Path:
+    """Where a sweep file's runs go: runs/<preset>/sweep/, or its `folder` under it (the ablations keep
+    theirs apart, so that their names, such as `grpo`, never meet chapter 9's)."""
+    folder = _read_file(Path(path)).get("folder", "")
+    return preset_folder(preset, "sweep", folder) if folder else preset_folder(preset, "sweep")
+
+
+def load_settings(path: str | Path) -> dict[str, dict]:
+    """{name: {"config": {...}, "sampler": ..., "shared_prompts": ...}} of a sweep file's runs: the
+    file's own settings with each run's `config` laid over them (a run's key wins)."""
+    path = Path(path)
+    spec = _read_file(path)
+    common = _checked_config(path, "the file's", spec.get("config"))
+    sampler = spec.get("sampler", "reference")
+    if sampler not in SAMPLERS:
+        raise ValueError(f"{path}: sampler {sampler!r}: expected one of {SAMPLERS}")
+    shared = spec.get("shared_prompts", False)
+    if not isinstance(shared, bool):
+        raise ValueError(f"{path}: shared_prompts {shared!r}: expected true or false")
+    return {entry.get("name", ""): {"config": {**common, **_checked_config(path, f"run {entry.get('name')!r}'s",
+                                                                            entry.get("config"))},
+                                    "sampler": sampler, "shared_prompts": shared}
+            for entry in spec["runs"] if isinstance(entry, dict)}
+
+
+def load_runs(path: str | Path, preset: str = "tiny") -> list[tuple[str, Variant]]:
+    """[(name, variant)] from a sweep file; names must be unique and usable as folder names.
+
+    `"random_reward_p": "warm_start_p"` stands for the warm start's measured per-draw validation
+    success (runs/<preset>/group_size/warm_start_p.json), so the random control pays as often as
+    the real reward would at the start."""
+    path = Path(path)
+    out, seen = [], set()
+    for k, entry in enumerate(_read_spec(path)):
+        if not isinstance(entry, dict):
+            raise ValueError(f"{path}: run {k} {entry!r}: expected an object with 'name' and 'options'")
+        unknown = sorted(set(entry) - {"name", "options", "start", "config"})
+        if unknown:
+            raise ValueError(f"{path}: run {k} has unknown key(s) {unknown}; expected 'name', 'options' "
+                             "and optionally 'start' and 'config'")
+        if entry.get("start", "warm_start") not in STARTS:
+            raise ValueError(f"{path}: run {k} start {entry['start']!r}: expected one of {STARTS}")
+        name = entry.get("name", "")
+        if not name or not all(c.isalnum() or c in "_-" for c in name) or name in seen:
+            raise ValueError(f"{path}: run {k} name {name!r} must be unique, letters, digits, '_' or '-'")
+        seen.add(name)
+        options = entry.get("options", {})
+        if not isinstance(options, dict):
+            raise ValueError(f"{path}: run {k} ({name}) options {options!r}: expected an object of option: value "
+                             'pairs, e.g. {"kl": "none"}')
+        options = dict(options)
+        if options.get("random_reward_p") == "warm_start_p":
+            options["random_reward_p"] = read_json(preset_folder(preset, "group_size", "warm_start_p.json"))["p"]
+        try:
+            out.append((name, Variant.from_dict(options)))
+        except (TypeError, ValueError) as err:
+            raise ValueError(f"{path}: run {k} ({name}): {err}") from None
+    return out
+
+
+def load_starts(path: str | Path) -> dict[str, str]:
+    """{name: start step} of a sweep file's runs ("warm_start" where a run names none)."""
+    return {entry["name"]: entry.get("start", "warm_start") for entry in _read_spec(Path(path))}
+
+
+def start_model(preset: str, start: str) -> Path:
+    """The finished model of step `start` (runs/<preset>/<start>/model.safetensors)."""
+    from ..grpo import loop as grpo
+
+    if start not in STARTS:
+        raise ValueError(f"start {start!r}: expected one of {STARTS}")
+    if start == "warm_start":
+        return grpo.warm_start_file(preset)
+    folder = RunFolder(preset_folder(preset, start))
+    if not folder.is_finished():
+        raise FileNotFoundError(f"{folder} has no finished run to start from; build it first (`make cache`)")
+    return folder / "model.safetensors"
+
+
+def fingerprint(spec: dict) -> str:
+    """12 hex digits naming a run by everything that makes its numbers."""
+    from ..lab import cache
+    from ..config import get_preset
+
+    config = get_preset(spec["preset"]).with_overrides(**spec.get("config_overrides", {}))
+    inputs = (*cache.get_step("grpo").code, *cache.get_step("evaluation").code)  # training and evaluation
+    code = {name: sha256_file(REPO_ROOT / name) for name in sorted(set(inputs)) if (REPO_ROOT / name).is_file()}
+    identity = {"config": config.to_dict(), "variant": spec["options"], "group_size": spec["group_size"],
+                "iterations": spec["iterations"], "sampler": spec["sampler"],
+                "start_sha256": sha256_file(spec["start_file"]), "inputs_sha256": code,
+                # only where a file asks for it, so that chapter 9's runs keep the fingerprints they had
+                **({"shared_prompts": True} if spec.get("shared_prompts") else {}),
+                # the proxy a learned-reward run optimises makes its numbers too
+                **({"reward_model_sha256": spec["reward_model_sha256"]} if "reward_model_sha256" in spec else {})}
+    return hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()[:12]
+
+
+def learned_verifier(variant: Variant, preset: str):
+    """The learned verifier a run of `variant` optimises (its digests checked), or None."""
+    if not needs_learned_verifier(variant):
+        return None
+    from . import reward_model
+
+    return reward_model.load_verifier(preset)
+
+
+def run_one(spec: dict) -> dict:
+    """Train (unless finished) and evaluate (unless finished) one run; returns a short summary.
+
+    spec: plain values only (it crosses into a worker process or a Dask worker)."""
+    import torch
+
+    from ..eval import evaluate
+    from ..grpo import loop as grpo
+    from ..config import get_preset
+
+    torch.set_num_threads(spec.get("threads", 1))
+    folder = Path(spec["folder"])
+    began = time.perf_counter()
+    trained = False
+    if not RunFolder(folder).is_finished():
+        config = get_preset(spec["preset"]).with_overrides(**spec.get("config_overrides", {}))
+        variant = Variant.from_dict(spec["options"])
+        grpo.run_grpo(config, folder, group_size=spec["group_size"], iterations=spec["iterations"],
+                      start_file=spec["start_file"], sampler=spec["sampler"], progress=False, restart=True,
+                      variant=variant, learned_verifier=learned_verifier(variant, spec["preset"]),
+                      shared_prompts=spec.get("shared_prompts", False))
+        trained = True
+    evaluated = False
+    if spec.get("evaluate", True) and not RunFolder(folder / "evaluation" / "grpo").is_finished():
+        evaluate.run_inference(spec["preset"], "grpo", state_file=folder / "model.safetensors",
+                               eval_root=folder / "evaluation", limit=spec.get("eval_limit"))
+        evaluated = True
+    return {"name": spec["name"], "folder": str(folder), "trained": trained, "evaluated": evaluated,
+            "seconds": time.perf_counter() - began}
+
+
+def plan(preset: str, runs: list[tuple[str, Variant]], *, root: str | Path | None = None,
+         iterations: int | None = None, start_file: str | Path | None = None, sampler: str = "reference",
+         config_overrides: dict | None = None, eval_limit: int | None = None, evaluate: bool = True,
+         threads: int = 1, starts: dict[str, str] | None = None,
+         settings: dict[str, dict] | None = None) -> list[dict]:
+    """The specs of the sweep's runs, each with its fingerprinted folder.
+
+    settings: {name: {"config", "sampler", "shared_prompts"}} from `load_settings`: a run's budget
+    and numbers (G and the iterations become the run's own; the rest config overrides), its
+    sampler and its scoring; where a run has none, the arguments' values.
+    iterations: each run's budget (default: the preset's grpo_iterations, the protocol's 100)
+    start_file: one model every run starts from (tests); else each run's step in `starts`
+    (`load_starts`; default "warm_start"), checked finished."""
+    from . import reward_model
+    from ..config import get_preset
+
+    config = get_preset(preset)
+    iterations = config.grpo_iterations if iterations is None else iterations
+    root = Path(root) if root is not None else preset_folder(preset, "sweep")
+    specs = []
+    for name, variant in runs:
+        start_step = "given" if start_file is not None else (starts or {}).get(name, "warm_start")
+        start = Path(start_file) if start_file is not None else start_model(preset, start_step)
+        own = (settings or {}).get(name, {})
+        overrides = {**(config_overrides or {}), **own.get("config", {})}
+        run_g = overrides.pop("group_size", config.group_size)
+        run_iterations = overrides.pop("grpo_iterations", iterations)
+        spec = {"name": name, "preset": preset, "options": variant.to_dict(), "group_size": run_g,
+                "iterations": run_iterations, "sampler": own.get("sampler", sampler), "start_file": str(start),
+                "config_overrides": overrides, "eval_limit": eval_limit, "evaluate": evaluate,
+                "threads": threads, "start": start_step}
+        if own.get("shared_prompts"):
+            spec["shared_prompts"] = True
+        if needs_learned_verifier(variant):
+            spec["reward_model_sha256"] = sha256_file(reward_model.model_file(preset))
+        spec["folder"] = str(root / f"{name}-{fingerprint(spec)}")
+        specs.append(spec)
+    return specs
+
+
+def run_sweep(specs: list[dict], *, workers: int = 2, scheduler: str | None = None, progress: bool = True) -> list[dict]:
+    """Run the missing runs of `specs` in parallel; finished ones are read, not rerun."""
+    todo = [s for s in specs if not _done(s)]
+    if progress:
+        for s in specs:
+            if s not in todo:
+                print(f"{s['name']}: finished, read from {Path(s['folder']).name}", flush=True)
+    if not todo:
+        return []
+    summaries, failures = [], []
+    if scheduler is not None:
+        from distributed import Client, as_completed as dask_completed
+
+        with Client(scheduler) as client:
+            futures = client.map(run_one, todo, pure=False)
+            names = {f.key: s["name"] for f, s in zip(futures, todo)}
+            for future in dask_completed(futures):
+                _collect(future, names[future.key], summaries, failures, progress)
+    else:
+        import multiprocessing
+
+        with ProcessPoolExecutor(max_workers=workers, mp_context=multiprocessing.get_context("spawn")) as pool:
+            names = {pool.submit(run_one, s): s["name"] for s in todo}
+            for future in as_completed(names):
+                _collect(future, names[future], summaries, failures, progress)
+    if failures:  # the other runs went on and are kept; a rerun reads them and retries only these
+        raise RuntimeError(f"{len(failures)} sweep run(s) failed: "
+                           + "; ".join(f"{name}: {type(err).__name__}: {err}" for name, err in failures))
+    return summaries
+
+
+def _collect(future, name: str, summaries: list, failures: list, progress: bool) -> None:
+    try:
+        summaries.append(_report(future.result(), progress))
+    except Exception as err:  # noqa: BLE001  (reported by name with the others, after every run has ended)
+        failures.append((name, err))
+        if progress:
+            print(f"{name}: FAILED ({type(err).__name__}: {err})", flush=True)
+
+
+def retire_stale(specs: list[dict]) -> list[Path]:
+    """Move aside the folders of earlier fingerprints of these runs (same name, other digest: built by
+    code or inputs that changed since) to runs/<preset>/stale/sweep/; returns where they went.
+
+    Only names of `specs` are touched, so another sweep file's runs in the same folder stay."""
+    import re
+    import shutil
+
+    moved = []
+    for spec in specs:
+        folder = Path(spec["folder"])
+        for old in sorted(folder.parent.glob(f"{spec['name']}-*")):
+            if old != folder and old.is_dir() and re.fullmatch(re.escape(spec["name"]) + r"-[0-9a-f]{12}", old.name):
+                aside = preset_folder(spec["preset"], "stale", "sweep", old.name)
+                aside.parent.mkdir(parents=True, exist_ok=True)
+                if aside.exists():
+                    shutil.rmtree(aside)
+                shutil.move(str(old), aside)
+                moved.append(aside)
+    return moved
+
+
+def _done(spec: dict) -> bool:
+    folder = Path(spec["folder"])
+    return RunFolder(folder).is_finished() and (not spec.get("evaluate", True)
+                                                or RunFolder(folder / "evaluation" / "grpo").is_finished())
+
+
+def _report(summary: dict, progress: bool) -> dict:
+    if progress:
+        what = " and ".join(w for w, done in (("trained", summary["trained"]), ("evaluated", summary["evaluated"]))
+                            if done) or "nothing to do"
+        print(f"{summary['name']}: {what} in {summary['seconds']:.0f} s", flush=True)
+    return summary
+
+
+FIRST_UPDATE_KEYS = ("ratio/min", "ratio/max", "ratio/mean", "clip_ratio/region_mean")
+"""what the results keep of a mismatched run's first update each iteration (its ratio is 1 without a mismatch)"""
+
+
+CURVE_KEYS = ("reward", "optimised_reward", "frac_reward_zero_std", "optimised/frac_reward_zero_std", "entropy",
+              "completions/mean_length", "kl", "clip_ratio/region_mean", "valid_json")
+"""the logged values every run keeps per iteration in the results file"""
+
+
+def curves_of(history: list[dict]) -> dict:
+    """A run's curves for the results file: CURVE_KEYS per iteration, and what a variant logged on top
+    (DAPO's dynamic sampling and overlong filtering; a mismatched sampler's gap and first-update ratios)."""
+    curves = {key: [h[key] for h in history] for key in CURVE_KEYS}
+    for key in ("dynamic_sampling", "overlong_filtered", "sampler_mismatch"):
+        if key in history[0]:
+            curves[key] = [h[key] for h in history]
+    if "sampler_mismatch" in history[0]:
+        curves["first_update"] = [{k: h["updates"][0][k] for k in FIRST_UPDATE_KEYS} for h in history]
+    return curves
+
+
+def collect_results(specs: list[dict], out: str | Path | None = None) -> dict:
+    """Scoring phase: every run's evaluation (Wilson intervals, ID50/OOD100/ALL) and its curves."""
+    from ..eval import evaluate
+
+    labels = evaluate.load_test_labels(phase=evaluate.SCORING_PHASE)
+    results = {"format": "labkit sweep results v1", "runs": {}}
+    # A run whose history.json is not kept (the ablations commit only their partner's) keeps the curves
+    # the committed results file already holds for that very folder; nothing else is ever reused.
+    earlier = read_results(out)["runs"] if out is not None and Path(out).is_file() else {}
+    for spec in specs:
+        folder = Path(spec["folder"])
+        entry = {"folder": folder.name, "options": spec["options"], "start": spec.get("start", "warm_start")}
+        if (folder / "history.json").is_file():
+            entry["curves"] = curves_of(read_json(folder / "history.json"))
+        elif earlier.get(spec["name"], {}).get("folder") == folder.name:
+            entry["curves"] = earlier[spec["name"]]["curves"]
+        else:
+            raise FileNotFoundError(f"{folder / 'history.json'} is missing and {out} holds no curves for "
+                                    f"{folder.name}: retrain the run (delete its folder and rerun the sweep)")
+        entry["evaluation"] = evaluate.score_policy(folder / "evaluation" / "grpo", labels)
+        results["runs"][spec["name"]] = entry
+    if out is not None:
+        write_results(out, results)
+    return results

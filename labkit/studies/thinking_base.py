@@ -1,0 +1,391 @@
+"""Thinking bases (issue 41, chapter 11): bases that can work a problem out, and that rarely do.
+
+    python -m labkit thinking-bases --preset tiny        # -> runs/tiny/thinking/<name>/
+
+Why.  R1-Zero asks whether RL from a base *creates* a behaviour or *selects* one the base
+already shows.  The source design answers it with bases that "rarely write a reasoning chain, but
+write it correctly when they do": a first continued pretraining in which half of the documents
+hold a worked answer teaches the skill, and a second in which working is rare (0%, 2%, 10% of the
+worked-prompt documents) makes the behaviour rare while the skill stays.  A control never learns
+the skill.  The committed tiny base cannot serve as is: it answers directly every time, and a short
+fine-tune on worked answers teaches it the layout but not the arithmetic (DESIGN.md).
+
+The documents (every problem fresh: none of the protocol's 1,400 under the permutation key, none
+of the held-out chains that measure the bases and train GRPO):
+
+* "worked": the worked prompt (`think_profile.worked_prompt_ids`: a chain's statement and
+  `worked.WORKED_INSTRUCTION`) answered with the solver's working (`worked.worked_text`);
+* "worked_direct": the same prompt answered with the object alone, `{"final_stock": N}`;
+* the base's own answer-phase mix (`labkit.train.answer_phase`): the protocol's statements answered
+  directly in other formats, so the base's direct skill stays.
+
+Chat documents take their loss on the answer only, plain ones on every token but the drawn
+operands; documents are packed whole into rows (`pretrain.pack_rows`: position ids restart with
+every document, so a document sees only itself).  What was tried before this mix (a quarter of
+the documents single steps "a + b = c", numbers written without zeros in front, a rate falling
+from the start) taught the form of working and not its substance; book/instructor.md says what
+each change did.
+
+The bases (`BASES`): "skill" (phase 1 from the committed base: half the documents worked);
+"rare_0", "rare_2", "rare_10" (phase 2 from "skill": worked-prompt documents answered with
+working at 0%, 2%, 10%, the rest directly); "control" (phase 2 at 0% from the committed base: it
+never saw a worked answer).  Each is measured every `measure_every` updates on the validation
+chains (`think_profile`), and its final profile on the test chains at temperature 1 is committed
+(`profile.json.gz`, with every response).
+
+Files of each base: `model.safetensors` (local: its digest is in the manifest; `make cache`
+rebuilds it), `log.json`, `profile.json.gz` (rows and per-k table), `manifest.json`, FINISHED.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import math
+import random
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+
+from ..train import answer_phase
+from ..models import presets as models
+from ..task import problems as task, worked
+from ..eval import think_profile
+from ..train import corpus as corpus_mod
+from ..config import CORPUS_SEED
+from ..train.pretrain import batch_tensors, pack_rows, tokenize_document
+from ..lab.runs import REPO_ROOT, RunFolder, atomic_write_bytes, preset_folder, sha256_file, read_json, write_json
+from ..lab.runtime import code_digests, deterministic, environment, seed_everything
+from ..train.schedule import lm_update, warmup_cosine
+
+MODEL_FILE = "model.safetensors"
+OOD_SHARE = 0.15  # chains with operands up to OOD_MAX, as the corpus's problems
+# The held-out chains (seeds of worked.fresh_chains): validation measures the bases while they train,
+# test is the think profile every chapter-11 table reads, train is GRPO's prompt pool.
+VALIDATION_SEED, TEST_SEED, TRAIN_SEED = 410, 411, 412
+PROFILE_CHAINS_PER_K = 25  # test: 25 chains x 8 values of k x `profile_draws` draws
+MEASURE_CHAINS_PER_K = 12  # validation, while training
+
+
+@dataclass(frozen=True)
+class Phase:
+    """One continued pretraining: from `start` ("committed" or another base's name), `steps` updates."""
+
+    name: str
+    start: str
+    steps: int
+    thinking_share: float
+    """of the worked-prompt documents, the share answered with working (the rest: the object alone)"""
+    peak_lr: float
+    final_lr: float
+
+
+@dataclass(frozen=True)
+class ThinkingBaseConfig:
+    """How the thinking bases are made (one config; the phases below)."""
+
+    worked_prompt_share: float = 0.5
+    """share of documents in the worked prompt (working or direct, as the phase says); the rest are the
+    base's own answer-phase documents"""
+    rows_per_step: int = 8
+    """packed rows per update (8 x 384 = 3,072 token slots)"""
+    row_tokens: int = 384
+    """tokens per packed row: more than the longest document (a worked answer to eight movements at OOD
+    magnitudes, with its prompt, takes up to about 260), which `pretrain.pack_rows` could never place"""
+    warmup_steps: int = 50
+    weight_decay: float = 0.01
+    beta1: float = 0.9
+    beta2: float = 0.95
+    grad_clip: float = 1.0
+    seed: int = CORPUS_SEED + 400
+    """the documents' stream (never the corpus, answer-phase or format-base seeds); each phase adds its index"""
+    measure_every: int = 200
+    """updates between two measurements on the validation chains"""
+    profile_draws: int = 8
+    """temperature-1 answers per test chain in the final profile (pass@k up to 8 from the same rows)"""
+    phases: tuple[Phase, ...] = (
+        Phase("skill", "committed", 3000, 1.0, 3e-3, 3e-4),
+        Phase("rare_0", "skill", 300, 0.0, 3e-4, 3e-4),
+        Phase("rare_2", "skill", 300, 0.02, 3e-4, 3e-4),
+        Phase("rare_10", "skill", 300, 0.10, 3e-4, 3e-4),
+        Phase("control", "committed", 300, 0.0, 3e-4, 3e-4),
+    )
+
+    def phase(self, name: str) -> Phase:
+        for p in self.phases:
+            if p.name == name:
+                return p
+        raise ValueError(f"unknown thinking base {name!r}; expected one of {[p.name for p in self.phases]}")
+
+
+BASES = tuple(p.name for p in ThinkingBaseConfig().phases)
+
+
+def held_out_chains(seed: int, per_k: int) -> dict[int, list[worked.Chain]]:
+    """{k: chains} for k = 1 ... 8, ID magnitudes, none of the protocol's problems."""
+    forbidden = corpus_mod.dataset_keys()
+    return {k: worked.fresh_chains(k, per_k, seed, exclude=forbidden) for k in range(1, worked.MAX_MOVEMENTS + 1)}
+
+
+def held_out_keys() -> frozenset:
+    """Permutation keys of every held-out chain (validation, test, GRPO's pool): never in a document."""
+    keys = set()
+    for seed, per_k in ((VALIDATION_SEED, MEASURE_CHAINS_PER_K), (TEST_SEED, PROFILE_CHAINS_PER_K),
+                        (TRAIN_SEED, TRAIN_CHAINS_PER_K)):
+        keys.update(worked.chain_key(c) for chains in held_out_chains(seed, per_k).values() for c in chains)
+    return frozenset(keys)
+
+
+TRAIN_CHAINS_PER_K = 100  # GRPO's pool: 800 chains
+
+
+class DocumentStream:
+    """The phase's documents, drawn from one seed; no chain among `forbidden` keys."""
+
+    def __init__(self, cfg: ThinkingBaseConfig, phase: Phase, seed: int, forbidden: frozenset):
+        self.cfg, self.phase, self.forbidden = cfg, phase, forbidden
+        self.rng = random.Random(seed)
+        self.source = corpus_mod.CorpusGenerator(seed + 1, forbidden)  # the answer phase's documents
+        self.counts: dict[str, int] = {}
+
+    def chain(self) -> worked.Chain:
+        k = self.rng.randint(1, worked.MAX_MOVEMENTS)
+        high = task.OOD_MAX if self.rng.random() < OOD_SHARE else task.ID_MAX
+        while True:
+            chain = worked.random_chain(self.rng, k, high)
+            if chain is not None and worked.chain_key(chain) not in self.forbidden:
+                return chain
+
+    def worked_document(self, thinking: bool) -> corpus_mod.Document:
+        chain = self.chain()
+        w = corpus_mod._Writer()
+        w.write(corpus_mod.CHAT_USER)
+        w.write(chain.statement(think_profile.ITEM), drawn=True)
+        w.write("\n" + worked.WORKED_INSTRUCTION + corpus_mod.CHAT_ASSISTANT)
+        w.write((worked.worked_text(chain) if thinking else f'{{"final_stock": {chain.target}}}') + corpus_mod.CHAT_END)
+        return w.document("worked" if thinking else "worked_direct")
+
+    def next(self) -> corpus_mod.Document:
+        u = self.rng.random()
+        if u < self.cfg.worked_prompt_share:
+            doc = self.worked_document(self.rng.random() < self.phase.thinking_share)
+        else:
+            doc = answer_phase.keyed_document(self.source) if self.rng.random() < 0.5 else self.source.direct()
+        self.counts[doc.kind] = self.counts.get(doc.kind, 0) + 1
+        return doc
+
+
+def document_tokens(tokenizer, doc: corpus_mod.Document) -> tuple[list[int], list[int]]:
+    """(ids, labels): a chat's loss on its answer only (`answer_phase.answer_batch`), a plain document's on
+    every token but its drawn operands (`pretrain.tokenize_document`)."""
+    if corpus_mod.CHAT_ASSISTANT not in doc.text:
+        return tokenize_document(tokenizer, doc)
+    batch = answer_phase.answer_batch(tokenizer, [doc])
+    return batch["input_ids"][0].tolist(), batch["labels"][0].tolist()
+
+
+def fitting(doc: tuple[list[int], list[int]], row_tokens: int) -> tuple[list[int], list[int]]:
+    """The document, refused when longer than a row: `pretrain.pack_rows` would keep it waiting forever,
+    and once its look-ahead held only such documents every row would be empty (a loss of 0 / 0)."""
+    if len(doc[0]) > row_tokens:
+        raise ValueError(f"a document of {len(doc[0])} tokens does not fit a row of row_tokens={row_tokens}")
+    return doc
+
+
+def measure(model, tokenizer, chains: dict[int, list[worked.Chain]], draws: int, seed: int) -> tuple[dict, list[dict]]:
+    """(summary, rows): the think profile at temperature 1, and the share of written steps that are right."""
+    rows = think_profile.sample_worked(model, tokenizer, chains, draws=draws, seed=seed)
+    table = think_profile.profile(rows)
+    thinking = [r for r in rows if r["thinks"]]
+    summary = {"responses": len(rows), "think_rate": len(thinking) / len(rows),
+               "accuracy": sum(r["reward"] for r in rows) / len(rows),
+               "steps_right": (sum(bool(r["steps_right"]) for r in thinking) / len(thinking)) if thinking else None,
+               "per_k": {str(k): {n: v[n] for n in ("think_rate", "accuracy", "accuracy_thinking", "accuracy_direct")}
+                         for k, v in table.items()}}
+    return summary, rows
+
+
+def train_phase(model, tokenizer, cfg: ThinkingBaseConfig, phase: Phase, index: int, progress: bool = True,
+                watch: Path | None = None) -> dict:
+    """Continue pretraining `model` in place through one phase; returns {"log", "counts", "steps"}.
+    watch: a file that gets each log line as it comes (to follow a run in a worker process)."""
+    from tqdm import tqdm
+
+    optimizer = torch.optim.AdamW(model.parameters(), lr=phase.peak_lr, betas=(cfg.beta1, cfg.beta2),
+                                  weight_decay=cfg.weight_decay)
+    stream = DocumentStream(cfg, phase, cfg.seed + index, corpus_mod.dataset_keys() | held_out_keys())
+    rows = pack_rows((fitting(document_tokens(tokenizer, stream.next()), cfg.row_tokens) for _ in iter(int, 1)),
+                     cfg.row_tokens)
+    validation = held_out_chains(VALIDATION_SEED, MEASURE_CHAINS_PER_K)
+    model.eval()  # no dropout, as every phase of the lab (labkit.studies.format_base says why)
+    log, window = [], []
+
+    def logged(row: dict) -> dict:
+        log.append(row)
+        if watch is not None:
+            with open(watch, "a") as f:
+                f.write(json.dumps(row) + "\n")
+        return row
+
+    logged({"kind": "measure", "step": 0, **measure(model, tokenizer, validation, 2, VALIDATION_SEED)[0]})
+    bar = tqdm(range(phase.steps), desc=f"thinking base {phase.name}", disable=not progress, mininterval=5)
+    for step in bar:
+        batch = batch_tensors([next(rows) for _ in range(cfg.rows_per_step)], cfg.row_tokens, tokenizer.pad_token_id)
+        lr = warmup_cosine(step, phase.steps, cfg.warmup_steps, phase.peak_lr,
+                           floor_fraction=phase.final_lr / phase.peak_lr)
+        loss, _ = lm_update(model, optimizer, batch, lr, cfg.grad_clip)
+        if not math.isfinite(loss):
+            raise FloatingPointError(f"thinking base {phase.name}: loss {loss} at update {step + 1}; nothing saved")
+        window.append(loss)
+        done = step + 1
+        if done % 50 == 0:
+            logged({"kind": "train", "step": done, "loss": sum(window) / len(window), "lr": lr})
+            window = []
+        if done % cfg.measure_every == 0 or done == phase.steps:
+            row = logged({"kind": "measure", "step": done, **measure(model, tokenizer, validation, 2, VALIDATION_SEED)[0]})
+            bar.set_postfix(think=f"{row['think_rate']:.2f}", acc=f"{row['accuracy']:.2f}")
+    bar.close()
+    return {"log": log, "steps": phase.steps, "counts": dict(stream.counts)}
+
+
+def default_run_dir(preset: str, name: str) -> Path:
+    return preset_folder(preset, "thinking") / name
+
+
+def start_file(preset: str, phase: Phase) -> Path:
+    """The model a phase continues: the committed base, or another thinking base (finished, digest checked)."""
+    if phase.start == "committed":
+        return models.TINY_BASE_STATE
+    folder = RunFolder(default_run_dir(preset, phase.start))
+    folder.manifest()  # refuses a base that is missing, unfinished, edited or damaged
+    folder.check_file(MODEL_FILE)
+    return folder / MODEL_FILE
+
+
+def build_base(name: str, preset: str = "tiny", cfg: ThinkingBaseConfig | None = None, *, overwrite: bool = False,
+               progress: bool = True) -> dict:
+    """One thinking base: its phase from its start model, then its test profile; returns the manifest."""
+    if preset != "tiny":
+        raise ValueError(f"preset {preset!r}: only the tiny base is pretrained by the lab")
+    cfg = cfg or ThinkingBaseConfig()
+    phase = cfg.phase(name)
+    index = [p.name for p in cfg.phases].index(name)
+    source = start_file(preset, phase)
+    folder = RunFolder(default_run_dir(preset, name)).open_for_writing(overwrite)
+    folder.clear((MODEL_FILE, "log.json", "log.partial.jsonl", "profile.json.gz", "manifest.json"))
+    began = time.perf_counter()
+    seed_everything(cfg.seed + index)
+    model, tokenizer = models.load(preset, state=source)
+    start_digest = models.parameter_digest(model)
+    with deterministic("cpu", warn_only=True):
+        result = train_phase(model, tokenizer, cfg, phase, index, progress, watch=folder / "log.partial.jsonl")
+        trained = time.perf_counter() - began
+        summary, rows = measure(model, tokenizer, held_out_chains(TEST_SEED, PROFILE_CHAINS_PER_K),
+                                cfg.profile_draws, TEST_SEED)
+    models.save_model(model, folder / MODEL_FILE)
+    write_json(folder / "log.json", result["log"])
+    (folder / "log.partial.jsonl").unlink(missing_ok=True)
+    atomic_write_bytes(folder / "profile.json.gz", gzip.compress(json.dumps(
+        {"summary": summary, "table": think_profile.profile(rows), "rows": rows}, sort_keys=True).encode(), mtime=0))
+    manifest = {
+        "step": "thinking_base", "base": name, "preset": preset, "phase": asdict(phase),
+        "config": {k: v for k, v in asdict(cfg).items() if k != "phases"},
+        "start_model": {"file": str(source.relative_to(REPO_ROOT)), "parameter_digest": start_digest},
+        "final_digest": models.parameter_digest(model),
+        "documents": result["counts"], "steps": result["steps"],
+        "test_profile": summary,
+        "code_sha256": code_digests(), "environment": environment("cpu"),
+        "times": {"train_seconds": trained, "total_seconds": time.perf_counter() - began},
+    }
+    for file in (MODEL_FILE, "log.json", "profile.json.gz"):
+        folder.register(file)
+    manifest["ledger"] = folder.ledger()
+    write_json(folder / "manifest.json", manifest)
+    folder.mark_finished({"think_rate": summary["think_rate"], "accuracy": summary["accuracy"]})
+    return manifest
+
+
+def build_all(preset: str = "tiny", cfg: ThinkingBaseConfig | None = None, *, names: tuple[str, ...] = BASES,
+              overwrite: bool = False, progress: bool = True) -> dict[str, dict]:
+    """Every base in `names` not yet finished (in the phases' order: a base's start is built first)."""
+    out = {}
+    for name in names:
+        folder = default_run_dir(preset, name)
+        if (folder / "FINISHED").is_file() and not overwrite:
+            out[name] = read_json(folder / "manifest.json")
+            continue
+        out[name] = build_base(name, preset, cfg, overwrite=overwrite, progress=progress)
+    return out
+
+
+def read_profile(name: str, preset: str = "tiny") -> dict:
+    """A base's committed test profile ({"summary", "table", "rows"}), checked against its manifest."""
+    folder = RunFolder(default_run_dir(preset, name))
+    folder.check_file("profile.json.gz")
+    return json.loads(gzip.decompress((folder / "profile.json.gz").read_bytes()))
+
+
+def _worker(job: tuple[str, str, int]) -> tuple[str, float]:
+    name, preset, threads = job
+    torch.set_num_threads(threads)
+    t0 = time.perf_counter()
+    build_base(name, preset, progress=False)
+    return name, time.perf_counter() - t0
+
+
+def is_finished(name: str, preset: str = "tiny") -> bool:
+    return (default_run_dir(preset, name) / "FINISHED").is_file()
+
+
+def all_finished(preset: str = "tiny") -> bool:
+    return all(is_finished(n, preset) for n in BASES)
+
+
+def run_all(preset: str = "tiny", *, only: tuple[str, ...] | None = None, workers: int = 2, threads: int = 1,
+            progress: bool = True) -> dict[str, float]:
+    """Every base in `only` (default: all) not yet finished, `workers` at a time, each after the base it
+    continues; returns {base: seconds}."""
+    import concurrent.futures
+    import multiprocessing
+
+    cfg = ThinkingBaseConfig()
+    for name in only or ():
+        cfg.phase(name)  # an unknown name is refused before any work
+    waiting = [n for n in BASES if (not only or n in only) and not is_finished(n, preset)]
+    times: dict[str, float] = {}
+    context = multiprocessing.get_context("spawn")
+    with concurrent.futures.ProcessPoolExecutor(max_workers=max(1, workers), mp_context=context) as pool:
+        running = {}
+        while waiting or running:
+            for name in list(waiting):  # start every base whose start model is ready
+                start = cfg.phase(name).start
+                if len(running) < max(1, workers) and (start == "committed" or is_finished(start, preset)):
+                    running[pool.submit(_worker, (name, preset, threads))] = name
+                    waiting.remove(name)
+            if not running:
+                raise RuntimeError(f"bases {waiting} wait for a start model that no run will build")
+            done, _ = concurrent.futures.wait(running, return_when=concurrent.futures.FIRST_COMPLETED)
+            for future in done:
+                name, seconds = future.result()
+                del running[future]
+                times[name] = seconds
+                if progress:
+                    print(f"thinking base {name} done in {seconds:.0f} s", flush=True)
+    if all_finished(preset):
+        write_step_manifest(preset)
+    return times
+
+
+def write_step_manifest(preset: str = "tiny") -> dict:
+    """runs/<preset>/thinking/manifest.json: every finished run's manifest digest (the step is built when it exists)."""
+    root = preset_folder(preset, "thinking")
+    manifest = {"step": "thinking", "preset": preset,
+                "runs": {n: sha256_file(root / n / "manifest.json") for n in BASES}}
+    write_json(root / "manifest.json", manifest)
+    return manifest
+
+
+def is_built(preset: str = "tiny") -> bool:
+    return (preset_folder(preset, "thinking") / "manifest.json").is_file()
