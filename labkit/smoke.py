@@ -105,7 +105,7 @@ import torch
 
 # Every lab module the stages call is imported here, at the start: a run takes minutes, and a
 # module first imported half-way through would be whatever the file holds by then.
-from .eval import evaluate
+from .eval import agreement, evaluate
 from .grpo import loop as grpo, losses
 from .lab import memory, runtime
 from .models import presets as models, sampling, scoring
@@ -667,7 +667,7 @@ def stage_sample(s: Smoke, detail: dict, sampler: str) -> None:
         detail["identical_to_reference"] = same
         if same != len(rollouts):
             # equal tokens are the tested claim; a near-tie may part them, and is then explained
-            detail["mismatches"] = [sampling.explain_mismatch(s.model, a, b) for a, b in zip(reference, rollouts)
+            detail["mismatches"] = [agreement.explain_mismatch(s.model, a, b) for a, b in zip(reference, rollouts)
                                     if a.response_ids != b.response_ids]
 
 
@@ -954,7 +954,7 @@ REWARDS = ("synthetic", "verifier")
 def check_arguments(preset: str, random_weights: bool, device: str, layers: int, max_new_tokens: int,
                     eval_problems: int, rewards: str, head_dim: int = QWEN_HEAD_DIM) -> None:
     """Refuse (ValueError) what the smoke cannot do, naming the value and the rule."""
-    from .models.sampling import MAX_NEW_TOKENS
+    from .models.rollouts import MAX_NEW_TOKENS
 
     if preset != "qwen":
         raise ValueError(f"--preset {preset!r}: the smoke builds the qwen architecture (the tiny preset runs "

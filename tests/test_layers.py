@@ -1,12 +1,14 @@
-"""The package's layers: every labkit module sits on one floor, and imports only its own floor or
-those below it (the science at the bottom, the book's tooling at the top), and no two modules
-import each other at module level.
+"""The package's layers: labkit's sub-packages sit in one order, from the run records at the bottom
+to the commands at the top; every module imports only from its own unit or the units below it,
+anywhere in the file (a function's late import counts too), and no chain of imports between
+modules comes back to where it started.
 
-The floors are listed in labkit/__init__.py's docstring too; `python tests/test_layers.py` prints
-the import graph floor by floor.
+The order is labkit/__init__.py's docstring, and each sub-package's docstring names the units it
+may import.  `python tests/test_layers.py` prints the import graph unit by unit.
 """
 
 import ast
+import re
 from pathlib import Path
 
 import pytest
@@ -14,85 +16,165 @@ import pytest
 import labkit
 
 LABKIT = Path(labkit.__file__).parent
-FLOORS = (
-    ("records", ("runs", "cache", "state", "runtime", "memory")),
-    ("task", ("task", "data", "verifier", "tokenizer", "config", "worked")),
-    ("maths", ("losses", "objectives", "schedule", "variants", "metrics", "adam_step")),
-    ("model", ("models", "scoring", "shared_prompt", "sampling", "static_sampler", "resume")),
-    ("evaluation", ("evaluate", "paired", "agreement", "difficulty", "baselines", "checkpoint_curves")),
-    ("learning", ("corpus", "answer_phase", "pretrain", "format_base", "sft", "grpo")),
-    ("studies", ("group_size", "larger_run", "reward_model", "overoptimisation", "overoptimisation_summary",
-                 "sweep", "tuning", "gradient_study", "ablations", "kl_gradients", "think_profile", "thinking_base", "reasoning", "reasoning_report")),
-    ("book", ("plots", "plots_results", "plots_ablations", "knobs", "narrative", "results_page", "student", "book", "exercises",
-              "bench", "smoke", "pipeline", "cli", "__main__", "plots_reasoning")),
+# (unit, what it holds): a unit is a sub-package, or one module (config) or the commands on top.
+UNITS = (
+    ("lab", "run folders, digests, states, the cache's records, runtime, memory"),
+    ("task", "StockArithmetic-v1: problems, verifier, data files, worked answers"),
+    ("config", "every setting: one typed config per preset"),
+    ("models", "load and build models, the tokenizer, prompts and log-probs, the samplers"),
+    ("train", "schedules, the update step, supervised training, the tiny base's pretraining"),
+    ("grpo", "the GRPO step: losses, objectives, variants, metrics, the loop"),
+    ("eval", "evaluating a policy, paired tests, profiles"),
+    ("studies", "each chapter's experiments, built on the units below"),
+    ("book", "figures, pages, student copies, exercises"),
+    ("commands", "the command line, the pipeline, the smoke run, the benchmarks"),
 )
-FLOOR_OF = {module: i for i, (_, modules) in enumerate(FLOORS) for module in modules}
+COMMANDS = ("cli", "__main__", "pipeline", "smoke", "bench")
+ORDER = {name: i for i, (name, _) in enumerate(UNITS)}
 
 
-def top_level_modules() -> list[str]:
-    names = [p.stem for p in LABKIT.glob("*.py") if p.stem != "__init__"]
-    names += [p.name for p in LABKIT.iterdir() if (p / "__init__.py").is_file()]
-    return sorted(names)
+def module_files() -> dict[str, Path]:
+    """Every labkit module by its dotted name (packages by their __init__)."""
+    out = {}
+    for path in sorted(LABKIT.rglob("*.py")):
+        parts = list(path.relative_to(LABKIT.parent).with_suffix("").parts)
+        if parts[-1] == "__init__":
+            parts = parts[:-1]
+        out[".".join(parts)] = path
+    return out
 
 
-def source_files(module: str) -> list[Path]:
-    path = LABKIT / module
-    return sorted(path.rglob("*.py")) if path.is_dir() else [LABKIT / f"{module}.py"]
+MODULES = module_files()
 
 
-def imported(module: str, module_level_only: bool = False) -> set[str]:
-    """The labkit modules `module` imports (by their top-level name), anywhere or at module level only."""
+def unit_of(module: str) -> str | None:
+    """The unit of a dotted labkit module name; None for labkit's own __init__."""
+    parts = module.split(".")
+    if len(parts) == 1:
+        return None
+    return "commands" if parts[1] in COMMANDS else parts[1]
+
+
+def _resolve(name: str) -> str:
+    """The module a dotted name refers to: itself, or the package (or module) it is an attribute of."""
+    while name not in MODULES and "." in name:
+        name = name.rsplit(".", 1)[0]
+    return name
+
+
+def imports_of(module: str, module_level_only: bool = False) -> set[str]:
+    """The labkit modules `module` imports, by dotted name, anywhere in it (or at module level only)."""
+    path = MODULES[module]
+    package = module.split(".") if path.name == "__init__.py" else module.split(".")[:-1]
+    tree = ast.parse(path.read_text())
     out = set()
-    for path in source_files(module):
-        depth = len(path.relative_to(LABKIT).parts) - 1  # 0 for labkit/x.py, 1 for labkit/pkg/y.py
-        tree = ast.parse(path.read_text())
-        nodes = tree.body if module_level_only else ast.walk(tree)
-        for node in nodes:
-            if isinstance(node, ast.ImportFrom) and node.level:
-                # level 1 is the file's own package; labkit itself is level depth + 1
-                if node.level > depth + 1:
-                    continue
-                if node.level == depth + 1:  # relative to labkit itself
-                    if node.module:
-                        out.add(node.module.split(".")[0])
-                    else:
-                        out.update(a.name for a in node.names)
-                else:
-                    out.add(module)  # inside its own package
-            elif isinstance(node, ast.ImportFrom) and (node.module or "").startswith("labkit."):
-                out.add(node.module.split(".")[1])
-            elif isinstance(node, ast.Import):
-                out.update(a.name.split(".")[1] for a in node.names if a.name.startswith("labkit."))
-    return out - {module}
+    for node in (tree.body if module_level_only else ast.walk(tree)):
+        if isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package[: len(package) - node.level + 1]
+                stem = ".".join(base + ([node.module] if node.module else []))
+            else:
+                stem = node.module or ""
+            if not stem.startswith("labkit"):
+                continue
+            for alias in node.names:
+                target = f"{stem}.{alias.name}"
+                out.add(target if target in MODULES else _resolve(stem))
+        elif isinstance(node, ast.Import):
+            out.update(_resolve(a.name) for a in node.names if a.name.startswith("labkit."))
+    return out - {module, "labkit"}
 
 
-def test_every_module_sits_on_one_floor():
-    listed = [m for _, modules in FLOORS for m in modules]
-    assert len(listed) == len(set(listed)), "a module is listed on two floors"
-    assert sorted(listed) == top_level_modules(), "list each labkit module on one floor of FLOORS"
+def test_every_module_belongs_to_a_unit():
+    units = {unit_of(m) for m in MODULES} - {None}
+    assert units <= set(ORDER), f"not in UNITS: {sorted(units - set(ORDER))}"
+    loose = sorted(p.name for p in LABKIT.glob("*.py")
+                   if p.stem not in ("__init__", "config", *COMMANDS))
+    assert loose == [], f"modules loose in labkit/ (put each in a sub-package): {loose}"
 
 
-@pytest.mark.parametrize("module", top_level_modules())
+@pytest.mark.parametrize("module", sorted(m for m in MODULES if unit_of(m)))
 def test_imports_go_down_or_across_never_up(module):
-    up = sorted(m for m in imported(module) if FLOOR_OF[m] > FLOOR_OF[module])
-    assert up == [], (f"labkit.{module} (floor {FLOORS[FLOOR_OF[module]][0]!r}) imports from a higher floor: "
-                      + ", ".join(f"{m} ({FLOORS[FLOOR_OF[m]][0]})" for m in up))
+    mine = ORDER[unit_of(module)]
+    up = sorted(m for m in imports_of(module) if unit_of(m) and ORDER[unit_of(m)] > mine)
+    assert up == [], f"{module} (unit {unit_of(module)!r}) imports from a higher unit: {up}"
 
 
-def test_no_two_modules_import_each_other_at_module_level():
-    graph = {m: imported(m, module_level_only=True) for m in top_level_modules()}
-    pairs = sorted({tuple(sorted((a, b))) for a in graph for b in graph[a] if a in graph.get(b, ())})
-    assert pairs == []
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Strongly connected components of more than one module (Tarjan), each sorted."""
+    index, low, stack, on_stack, found = {}, {}, [], set(), []
+
+    def visit(v):
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in sorted(graph.get(v, ())):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return found
 
 
-def test_the_package_docstring_lists_the_floors():
-    for name, modules in FLOORS:
-        assert f"{name}:" in labkit.__doc__, name
+def test_cycles_finds_a_circle_and_only_a_circle():
+    assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+    assert cycles({"a": {"b"}, "b": set()}) == []
+
+
+def test_no_chain_of_imports_between_modules_comes_back():
+    """No circle, late imports included (the old sampling <-> static_sampler pair was one)."""
+    graph = {m: {i for i in imports_of(m) if i in MODULES and unit_of(i)} for m in MODULES if unit_of(m)}
+    assert cycles(graph) == []
+
+
+SUBPACKAGES = sorted(name for name, _ in UNITS if (LABKIT / name / "__init__.py").is_file())
+
+
+@pytest.mark.parametrize("unit", SUBPACKAGES)
+def test_each_subpackage_says_what_it_holds_and_what_it_may_import(unit):
+    doc = ast.get_docstring(ast.parse((LABKIT / unit / "__init__.py").read_text())) or ""
+    match = re.search(r"May import: (.*)", doc)
+    assert match, f"labkit/{unit}/__init__.py's docstring needs a line 'May import: ...'"
+    said = [s.strip(" .") for s in match.group(1).split(",") if s.strip(" .")]
+    below = [name for name, _ in UNITS[: ORDER[unit]]]
+    assert said == (below or ["nothing of labkit"]), f"labkit.{unit} may import {below}, its docstring says {said}"
+    for name in sorted(p.stem for p in (LABKIT / unit).glob("*.py") if p.stem != "__init__"):
+        assert re.search(rf"\b{name}\b", doc), f"labkit/{unit}/__init__.py's docstring does not list {name}"
+
+
+@pytest.mark.parametrize("unit", SUBPACKAGES)
+def test_a_subpackage_init_holds_only_its_docstring(unit):
+    """Importing labkit.<unit>.x runs labkit/<unit>/__init__.py: it must run nothing, so that it is not
+    a hidden input of every cached step (labkit.lab.cache records the modules a step imports)."""
+    body = ast.parse((LABKIT / unit / "__init__.py").read_text()).body
+    assert [type(n).__name__ for n in body] == ["Expr"], f"labkit/{unit}/__init__.py holds code"
+
+
+def test_the_package_docstring_lists_the_units_in_order():
+    positions = [labkit.__doc__.find(f"\n    {name}/") if name in SUBPACKAGES else labkit.__doc__.find(f"\n    {name}")
+                 for name, _ in UNITS]
+    assert -1 not in positions, [name for (name, _), p in zip(UNITS, positions) if p == -1]
+    assert positions == sorted(positions)
 
 
 if __name__ == "__main__":
-    for i, (name, modules) in enumerate(FLOORS):
-        print(f"{i + 1}. {name}")
-        for m in modules:
-            below = sorted(imported(m), key=lambda x: (FLOOR_OF[x], x))
-            print(f"     {m:<26} -> {', '.join(below) or '-'}")
+    for name, holds in UNITS:
+        print(f"{ORDER[name] + 1}. {name}: {holds}")
+        for m in sorted(m for m in MODULES if unit_of(m) == name):
+            targets = sorted(imports_of(m), key=lambda x: (ORDER.get(unit_of(x) or "", -1), x))
+            print(f"     {m.removeprefix('labkit.'):<32} -> {', '.join(t.removeprefix('labkit.') for t in targets) or '-'}")

@@ -5,7 +5,8 @@ import json
 import pytest
 import torch
 
-from labkit.models import sampling, scoring
+from labkit.eval import agreement
+from labkit.models import rollouts, sampling, scoring
 from labkit.task import verifier
 from labkit.models.presets import new_tiny_model, parameter_digest
 from labkit.task.problems import Problem, render_statement, solve
@@ -116,7 +117,7 @@ def test_eos_stops_both_samplers_and_is_removed_from_the_text(model, tokenizer, 
         for r in rollouts:
             if r.response_ids[-1] == stop_token:
                 assert r.finish_reason == "eos"
-                assert r.text == sampling.decode_response(tokenizer, r.response_ids[:-1], tokenizer.eos_token_id)[0]
+                assert r.text == rollouts.decode_response(tokenizer, r.response_ids[:-1], tokenizer.eos_token_id)[0]
             else:
                 assert r.finish_reason == "length" and len(r.response_ids) == NEW_TOKENS
 
@@ -186,9 +187,9 @@ def test_undecodable_ids_are_visible_and_invalidate(tokenizer):
     assert len(tokenizer) == 494  # the embedding has 512 rows: ids 494..511 have no token
     eos, im_start = tokenizer.eos_token_id, tokenizer.convert_tokens_to_ids("<|im_start|>")
     good = tokenizer.encode('{"final_stock": 7}', add_special_tokens=False)
-    assert sampling.decode_response(tokenizer, good + [eos]) == ('{"final_stock": 7}', True)
-    assert sampling.decode_response(tokenizer, good + [im_start, eos]) == ('{"final_stock": 7}<|im_start|>', True)
-    text, valid = sampling.decode_response(tokenizer, good[:3] + [500] + good[3:] + [eos])
+    assert rollouts.decode_response(tokenizer, good + [eos]) == ('{"final_stock": 7}', True)
+    assert rollouts.decode_response(tokenizer, good + [im_start, eos]) == ('{"final_stock": 7}<|im_start|>', True)
+    text, valid = rollouts.decode_response(tokenizer, good[:3] + [500] + good[3:] + [eos])
     assert not valid
     assert text == tokenizer.decode(good[:3]) + "<|undecodable:500|>" + tokenizer.decode(good[3:])
     assert tokenizer.decode([500]) == ""  # what a plain decode would have done: the id vanishes
@@ -222,7 +223,7 @@ def test_rollout_record_is_complete_and_serialisable(model, tokenizer, prompts, 
     (r,) = sampling.sample_reference(model, tokenizer, prompts[:1], [11], max_new_tokens=3, problem_ids=["train-0200"],
                                      policy_digest=digest)
     d = json.loads(json.dumps(r.to_dict()))
-    assert sampling.Rollout.from_dict(d) == r
+    assert rollouts.Rollout.from_dict(d) == r
     assert d["problem_id"] == "train-0200" and d["prompt_ids"] == prompts[0] and d["seed"] == 11
     assert d["policy_digest"] == parameter_digest(model) and d["sampler"] == "reference" and d["seconds"] > 0
     assert d["rollout_id"] == "train-0200/s11"
@@ -249,19 +250,19 @@ def test_group_verifies_each_response_and_keeps_one_problem_id(model, tokenizer,
 def test_group_reward_is_one_for_the_correct_answer(tokenizer):
     """A fake sampler-free check of the reward path: the verifier accepts the target answer."""
     problem = PROBLEMS[0]
-    text, valid = sampling.decode_response(tokenizer, scoring.target_response_ids(tokenizer, solve(problem)))
+    text, valid = rollouts.decode_response(tokenizer, scoring.target_response_ids(tokenizer, solve(problem)))
     assert verifier.score(text, "eos", problem, valid).reward == 1
 
 
 def test_compare_samplers_counts_and_explains(model, tokenizer, prompts):
-    result = sampling.compare_samplers(model, tokenizer, prompts[:2], 2, max_new_tokens=6)
+    result = agreement.compare_samplers(model, tokenizer, prompts[:2], 2, max_new_tokens=6)
     assert result["rollouts"] == 4 and result["identical"] + result["mismatching"] == 4
     assert result["tokens_equal"] <= result["tokens_compared"]
 
     # Explaining a mismatch: a "fast" rollout made to differ at step 2.
     (r,) = sampling.sample_reference(model, tokenizer, prompts[:1], [5], max_new_tokens=6, policy_digest="d")
-    altered = sampling.Rollout.from_dict({**r.to_dict(), "response_ids": r.response_ids[:2] + [(r.response_ids[2] + 1) % 494] + r.response_ids[3:]})
-    info = sampling.explain_mismatch(model, r, altered)
+    altered = rollouts.Rollout.from_dict({**r.to_dict(), "response_ids": r.response_ids[:2] + [(r.response_ids[2] + 1) % 494] + r.response_ids[3:]})
+    info = agreement.explain_mismatch(model, r, altered)
     assert info["first_differing_step"] == 2 and info["reference_token"] == r.response_ids[2]
     assert info["top2_gap"] >= 0
     # The reference token won the decision at that step, so its score is the top one.
@@ -273,7 +274,7 @@ def test_gumbel_max_samples_the_softmax():
     logits = torch.tensor([[0.0, 1.0, -1.0, 2.0]])
     counts = torch.zeros(4)
     for seed in range(4000):
-        token, _ = sampling.choose_tokens(logits, sampling.GumbelStream(seed, 4).next()[None])
+        token, _ = rollouts.choose_tokens(logits, rollouts.GumbelStream(seed, 4).next()[None])
         counts[token] += 1
     expected = torch.softmax(logits[0], dim=0) * 4000
     # 4000 draws: each count within 5 standard deviations of its expectation

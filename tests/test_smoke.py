@@ -22,7 +22,7 @@ from labkit.grpo import losses
 from labkit.models import presets as models, scoring
 from labkit.config import QWEN, TINY
 from labkit.lab.runs import read_json
-from labkit.models.sampling import decode_response
+from labkit.models.rollouts import decode_response
 from labkit.train.schedule import schedule_values
 
 LAYERS = 2

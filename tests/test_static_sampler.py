@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from labkit.grpo import loop as grpo
-from labkit.models import presets as models, sampling, scoring, static_sampler
+from labkit.models import presets as models, rollouts, sampling, scoring, static_sampler
 from labkit import smoke
 from labkit.lab.runs import REPO_ROOT
 
@@ -80,7 +80,7 @@ def test_noise_drawn_in_blocks_equals_one_vector_per_step(tiny, prompts, monkeyp
     reference = sampling.sample_reference(model, tokenizer, rows, seeds, policy_digest="test")
     _assert_same(reference, static_sampler.sample_static(model, tokenizer, rows, seeds, policy_digest="test"))
     blocks = static_sampler.NoiseBlocks([5], 64, 5, "cpu")
-    stream = sampling.GumbelStream(5, 64)
+    stream = rollouts.GumbelStream(5, 64)
     for step in range(5):
         assert torch.equal(blocks.at(step)[0], stream.next())
 

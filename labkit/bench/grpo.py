@@ -44,7 +44,7 @@ from pathlib import Path
 import torch
 
 from ..grpo import loop as grpo
-from ..models import presets as models, sampling, scoring, shared_prompt
+from ..models import presets as models, rollouts, sampling, scoring, shared_prompt
 from ..config import TINY
 from ..models.static_sampler import StaticDecoder, sample_static
 from .sampling import bench_prompts, load_bench_model
@@ -89,7 +89,7 @@ def generate_rows(model, tokenizer, prompts: list[list[int]], greedy: bool, max_
     return rows
 
 
-def agreement(reference: list[sampling.Rollout], other: list[sampling.Rollout]) -> str:
+def agreement(reference: list[rollouts.Rollout], other: list[rollouts.Rollout]) -> str:
     same = sum(r.response_ids == o.response_ids for r, o in zip(reference, other))
     return f"{same}/{len(reference)} rollouts token-identical to the reference sampler's"
 

@@ -16,7 +16,8 @@ import argparse
 import torch
 
 from ..models import scoring
-from ..models.sampling import compare_samplers, sample_fast, sample_reference
+from ..eval.agreement import compare_samplers
+from ..models.sampling import sample_fast, sample_reference
 
 __all__ = ["compare_samplers", "load_bench_model", "main"]
 

@@ -10,7 +10,7 @@ trained policy (the warm start by default), on the 200 test statements:
              seed(problem_id, draw) = labkit.eval.evaluate.eval_seed, the evaluation's own seeds
 
 Each pair (same prompt, same seed) is either identical token for token or a
-mismatch.  Every mismatch is explained by `labkit.models.sampling.explain_mismatch`:
+mismatch.  Every mismatch is explained by ``explain_mismatch` (below)`:
 the first step where the two differ and, recomputed there by a full forward,
 the gap between the best two decision scores and between the two chosen
 tokens.  A gap within `NEAR_TIE` is a floating-point near-tie (a full forward
@@ -35,6 +35,8 @@ import torch
 
 from ..task import data
 from ..models import sampling, scoring
+from ..models.presets import parameter_digest
+from ..models.rollouts import MAX_NEW_TOKENS, Rollout, decision_scores, gumbel_noise_at
 from ..config import QWEN
 from .evaluate import eval_seed
 from ..lab.runs import REPO_ROOT, RunExistsError, preset_folder, write_json
@@ -77,7 +79,7 @@ def draw_seeds(problem_ids: list[str], draws: int = DRAWS) -> list[list[int]]:
 def classify_mismatch(mismatch: dict, near_tie: float = NEAR_TIE) -> str:
     """"near_tie" when the two chosen tokens' decision scores are within `near_tie`, else "unexplained".
 
-    mismatch: one entry of `sampling.compare_samplers(...)["mismatches"]`.  A
+    mismatch: one entry of `compare_samplers(...)["mismatches"]`.  A
     response that is a prefix of the other (no differing step) is "unexplained".
     """
     gap = mismatch.get("score_gap_between_the_two_tokens")
@@ -94,7 +96,7 @@ def _draw_of(seed_lists: list[list[int]] | None, problem_ids: list[str]) -> dict
 def compare(model, tokenizer, problem_ids: list[str], prompts: list[list[int]], seed_lists=None, *,
             max_new_tokens: int = scoring.MAX_RESPONSE_TOKENS, batch_size: int | None = DEFAULT_BATCH_SIZE,
             near_tie: float = NEAR_TIE) -> dict:
-    """Both samplers on the same rollouts: counts, explained mismatches, times (`sampling.compare_samplers`).
+    """Both samplers on the same rollouts: counts, explained mismatches, times (`compare_samplers`).
 
     seed_lists None: greedy, one rollout per prompt.  Otherwise one list of seeds
     per prompt (temperature 1).  Adds to compare_samplers' result each mismatch's
@@ -102,7 +104,7 @@ def compare(model, tokenizer, problem_ids: list[str], prompts: list[list[int]], 
     near-tie and unexplained mismatches.
     """
     greedy = seed_lists is None
-    result = sampling.compare_samplers(model, tokenizer, prompts, seed_lists, greedy=greedy,
+    result = compare_samplers(model, tokenizer, prompts, seed_lists, greedy=greedy,
                                        max_new_tokens=max_new_tokens, problem_ids=problem_ids,
                                        batch_size=batch_size)
     draw_of = _draw_of(seed_lists, problem_ids)
@@ -239,3 +241,105 @@ def format_report(report: dict) -> str:
     lines.append(f"speed ratio (reference / fast): {s['speed_ratio']:.1f}x "
                  f"({s['reference_seconds']:.1f} s / {s['fast_seconds']:.1f} s)")
     return "\n".join(lines)
+
+
+# --- Where two rollouts part, and the two samplers side by side ---------------------------------
+
+
+def _full_forward_logits(model, ids: list[int]) -> torch.Tensor:
+    """(V,) logits of the next token after `ids`, by a full forward (the reference's way)."""
+    device = next(model.parameters()).device
+    x = torch.tensor([ids], dtype=torch.long, device=device)
+    return model(input_ids=x, attention_mask=torch.ones_like(x), position_ids=torch.arange(len(ids), device=device)[None],
+                 use_cache=False, logits_to_keep=1).logits[0, -1]
+
+
+@torch.no_grad()
+def explain_mismatch(model, reference: Rollout, fast: Rollout) -> dict:
+    """Where two rollouts of the same prompt and seed part, and how close the call was there.
+
+    At the first differing step the decision scores (logits for greedy,
+    log-probs + Gumbel noise for sampling) are recomputed by a full forward;
+    a tiny top-2 gap means floating-point differences between a full forward
+    and a KV-cache step flipped a near-tie.
+    """
+    n = min(len(reference.response_ids), len(fast.response_ids))
+    step = next((s for s in range(n) if reference.response_ids[s] != fast.response_ids[s]), n)
+    info = {"rollout_id": reference.rollout_id, "seed": reference.seed, "first_differing_step": step,
+            "reference_length": len(reference.response_ids), "fast_length": len(fast.response_ids)}
+    if step == n:  # one is a prefix of the other: cannot happen with equal limits, but say so
+        info["explanation"] = "one response is a prefix of the other"
+        return info
+    logits = _full_forward_logits(model, reference.prompt_ids + reference.response_ids[:step])
+    noise = None if reference.seed is None else gumbel_noise_at(reference.seed, logits.shape[-1], step)
+    scores = decision_scores(logits, noise)
+    top2 = torch.topk(scores, 2)
+    ref_token, fast_token = reference.response_ids[step], fast.response_ids[step]
+    info.update({
+        "reference_token": ref_token,
+        "fast_token": fast_token,
+        "top2_gap": float(top2.values[0] - top2.values[1]),
+        "score_gap_between_the_two_tokens": float(scores[ref_token] - scores[fast_token]),
+        "reference_logprob": reference.old_logprobs[step],
+        "fast_logprob": fast.old_logprobs[step],
+    })
+    return info
+
+
+def compare_samplers(model, tokenizer, prompts: list[list[int]], seeds_per_prompt, greedy: bool = False,
+                     max_new_tokens: int = MAX_NEW_TOKENS, problem_ids: list[str] | None = None,
+                     base_seed: int = 0, batch_size: int | None = None) -> dict:
+    """Run both samplers on the same rollouts; count identical and mismatching ones, and time them.
+
+    seeds_per_prompt: an int k (prompt i gets seeds base_seed + i*k .. + k-1) or
+    one list of seeds per prompt; ignored when greedy (one rollout per prompt).
+    Returns {mode, rollouts, identical, mismatching, mismatches (explained),
+    tokens_compared (sum of the longer response of each pair), tokens_equal (sum of the
+    common prefixes), reference_tokens, fast_tokens, reference_seconds, fast_seconds, speedup}.
+    """
+    if greedy:
+        flat_prompts, seeds = list(prompts), None
+        flat_ids = list(problem_ids) if problem_ids is not None else None
+    else:
+        if isinstance(seeds_per_prompt, int):
+            seed_lists = [[base_seed + i * seeds_per_prompt + j for j in range(seeds_per_prompt)]
+                          for i in range(len(prompts))]
+        else:
+            seed_lists = [list(s) for s in seeds_per_prompt]
+        if len(seed_lists) != len(prompts):
+            raise ValueError(f"{len(seed_lists)} seed lists for {len(prompts)} prompts")
+        flat_prompts = [p for p, s in zip(prompts, seed_lists) for _ in s]
+        seeds = [x for s in seed_lists for x in s]
+        flat_ids = ([pid for pid, s in zip(problem_ids, seed_lists) for _ in s]
+                    if problem_ids is not None else None)
+    digest = parameter_digest(model)  # once, outside both timings
+    common = dict(greedy=greedy, max_new_tokens=max_new_tokens, problem_ids=flat_ids, policy_digest=digest)
+    start = time.perf_counter()
+    reference = sampling.sample_reference(model, tokenizer, flat_prompts, seeds, **common)
+    reference_seconds = time.perf_counter() - start
+    start = time.perf_counter()
+    fast = sampling.sample_fast(model, tokenizer, flat_prompts, seeds, batch_size=batch_size, **common)
+    fast_seconds = time.perf_counter() - start
+
+    mismatches, tokens_equal, tokens_compared = [], 0, 0
+    for r, f in zip(reference, fast):
+        tokens_compared += max(len(r.response_ids), len(f.response_ids))
+        # agreement = the common prefix: after the first difference the two continue different texts
+        tokens_equal += next((s for s, (a, b) in enumerate(zip(r.response_ids, f.response_ids)) if a != b),
+                             min(len(r.response_ids), len(f.response_ids)))
+        if r.response_ids != f.response_ids:
+            mismatches.append(explain_mismatch(model, r, f))
+    return {
+        "mode": "greedy" if greedy else "seeded",
+        "rollouts": len(reference),
+        "identical": len(reference) - len(mismatches),
+        "mismatching": len(mismatches),
+        "mismatches": mismatches,
+        "tokens_compared": tokens_compared,
+        "tokens_equal": tokens_equal,
+        "reference_tokens": sum(len(r.response_ids) for r in reference),
+        "fast_tokens": sum(len(f.response_ids) for f in fast),
+        "reference_seconds": reference_seconds,
+        "fast_seconds": fast_seconds,
+        "speedup": reference_seconds / fast_seconds if fast_seconds > 0 else float("inf"),
+    }

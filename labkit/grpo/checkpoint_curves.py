@@ -30,7 +30,7 @@ import torch
 
 from ..task import data
 from . import losses
-from ..models import sampling, scoring
+from ..models import rollouts, sampling, scoring
 from ..config import PresetConfig
 from ..lab.runtime import hashed_seed
 from ..task.verifier import score
@@ -78,11 +78,11 @@ def fixed_prompts(config: PresetConfig, tokenizer) -> FixedPrompts:
     )
 
 
-def _rewards(rollouts: list[sampling.Rollout], problems: list[dict]) -> list:
+def _rewards(rollouts: list[rollouts.Rollout], problems: list[dict]) -> list:
     return [score(r.text, r.finish_reason, problem, r.tokenization_valid) for r, problem in zip(rollouts, problems)]
 
 
-def entropy_and_kl(model, reference, rollouts: list[sampling.Rollout], group_size: int,
+def entropy_and_kl(model, reference, rollouts: list[rollouts.Rollout], group_size: int,
                    pad_id: int) -> tuple[float, float]:
     """(mean token entropy of `model`, exact KL(model || reference)) on the sampled responses.
 

@@ -40,7 +40,7 @@ import torch
 
 from . import checkpoint_curves, losses
 from ..task import data, problems as task
-from ..models import presets as models, sampling, scoring, shared_prompt
+from ..models import presets as models, rollouts, sampling, scoring, shared_prompt
 from ..lab import state as state_lib
 from ..config import SEED_OFFSETS, PresetConfig, get_preset
 from ..lab.runs import (REPO_ROOT, ArtifactError, RunFolder, UnfinishedRunError, display_path, is_finished, preset_folder,
@@ -300,7 +300,7 @@ def warm_start_file(preset: str) -> Path:
     return warm / "model.safetensors"
 
 
-def rollout_record(r: sampling.Rollout, iteration: int, verdict, advantage: float) -> dict:
+def rollout_record(r: rollouts.Rollout, iteration: int, verdict, advantage: float) -> dict:
     """One row of rollouts.jsonl.gz: everything needed to reload and re-check a rollout."""
     return {
         "rollout_id": r.rollout_id,
@@ -465,7 +465,7 @@ class Sampled:
     """dynamic sampling's account of the iteration (None without it): groups dropped, prompts drawn"""
 
     @property
-    def rollouts(self) -> list[sampling.Rollout]:
+    def rollouts(self) -> list[rollouts.Rollout]:
         return [r for g in self.groups for r in g.rollouts]
 
     @property

@@ -1,1 +1,11 @@
-"""labkit.lab."""
+"""The lab's records: what every run leaves on disk and how it is checked.
+
+    runs      run folders, manifests, atomic writes, digests, the FINISHED marker
+    state     full resumable training states: capture, save, load, compare exactly
+    resume    the exact-resume check: a continuous run against a stopped-then-resumed one
+    runtime   seeds, deterministic kernels, versions, the code's and data's digests
+    memory    the process's peak memory, measured one way
+    cache     what made each cached step of the tiny run, and whether it is stale
+
+May import: nothing of labkit.
+"""

@@ -22,9 +22,9 @@ the fewest tensor operations it can:
       once per block instead of once per row and step;
     * bookkeeping stays on the device: one (B,) "still running" mask, one sync per step.
 
-It draws tokens exactly as `sampling.choose_tokens` does, from the same streams, so with the
+It draws tokens exactly as `rollouts.choose_tokens` does, from the same streams, so with the
 same seeds the tokens equal the reference sampler's up to floating-point ties (the attention
-sums run in a different order: logits differ by ~1e-6; `sampling.explain_mismatch` says why
+sums run in a different order: logits differ by ~1e-6; `labkit.eval.agreement.explain_mismatch` says why
 where a tie flips).  `tests/test_static_sampler.py` checks it, greedy and seeded, on the tiny
 preset and on a 2-layer model of Qwen2.5-0.5B's shape, under both kernel families.
 
@@ -38,8 +38,7 @@ from __future__ import annotations
 
 import torch
 
-from . import sampling
-from .sampling import MAX_NEW_TOKENS, Rollout
+from .rollouts import MAX_NEW_TOKENS, Rollout, choose_tokens, sample_in_batches
 
 NOISE_BLOCK_STEPS = 8  # steps of noise drawn per call (responses are often short: do not draw all 64)
 NOISE_BLOCK_BYTES = 32 * 2**20  # and at most this much float64 noise per block (B x steps x V x 8 bytes)
@@ -212,7 +211,7 @@ def _sample_static_batch(model, prompts, seeds, max_new_tokens, eos, pad_id):
     lengths = torch.zeros(B, dtype=torch.long, device=device)  # tokens each row generated (EOS included)
     pad = torch.full((B,), pad_id, dtype=torch.long, device=device)
     for step in range(max_new_tokens):
-        chosen, logp = sampling.choose_tokens(logits, None if noise is None else noise.at(step))  # (B,), (B,)
+        chosen, logp = choose_tokens(logits, None if noise is None else noise.at(step))  # (B,), (B,)
         tokens[:, step], logps[:, step] = chosen, logp
         lengths += running
         running = running & (chosen != eos)
@@ -246,7 +245,7 @@ def sample_static(
     Arguments as `sampling.sample_fast`'s; each rollout's `seconds` is its batch's wall time
     divided by the batch size.
     """
-    return sampling.sample_in_batches(_sample_static_batch, "static", model, tokenizer, prompts, seeds,
+    return sample_in_batches(_sample_static_batch, "static", model, tokenizer, prompts, seeds,
                                       greedy=greedy, max_new_tokens=max_new_tokens, problem_ids=problem_ids,
                                       rollout_ids=rollout_ids, eos_token_id=eos_token_id,
                                       policy_digest=policy_digest, temperature=temperature, top_k=top_k,

@@ -1,1 +1,16 @@
-"""labkit.studies."""
+"""Each chapter's experiments, built on the units below; none of them is part of the protocol's core.
+
+    gradient_study, kl_gradients             the policy-gradient identity, the gradient's noise, the KL
+                                             estimators' gradients (chapters 2-5, appendix)
+    ablations                                one piece of GRPO removed per run, compared in pairs
+    group_size                               the group-size exercise (chapter 8)
+    larger_run, tuning                       the larger run that moves the tiny policy; the tiny rates
+    sweep                                    the objective's variants, run and cached (chapter 9)
+    reward_model, format_base,               a learned verifier, a base that rarely answers in format,
+    overoptimisation,                        reward over-optimisation on real runs (chapter 10)
+    overoptimisation_summary
+    thinking_base, reasoning,                bases that can work a problem out, GRPO on worked answers
+    reasoning_report                         (chapter 11)
+
+May import: lab, task, config, models, train, grpo, eval.
+"""

@@ -47,7 +47,7 @@ WORKED_INSTRUCTION = ('Work it out step by step, one movement per line as "a + b
                       'then end with only a JSON object of the form {"final_stock": <integer>}.')
 # The sampler's limit for a worked answer: the solver's own worked answer to eight movements at OOD100
 # magnitudes takes at most 123 tokens with its end-of-sequence over 2,000 drawn chains (tests/test_worked.py
-# measures it), so 160 leaves a model room for a slip; the samplers allow up to `sampling.SAMPLER_TOKEN_LIMIT` (256).
+# measures it), so 160 leaves a model room for a slip; the samplers allow up to `rollouts.SAMPLER_TOKEN_LIMIT` (256).
 WORKED_MAX_RESPONSE_TOKENS = 160
 MAX_WORKING_CHARS = 400  # eight steps of "100 + 100 = 200" and their line breaks fit three times over
 MAX_MOVEMENTS = 8
