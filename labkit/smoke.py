@@ -28,21 +28,21 @@ then, one stage each, by the loops' own functions, not copies of them: SFT's `st
     sft_update             the warm start's first update: 8 examples, AdamW (`sft.run_epoch` of a
                            plan cut to one update, then its validation NLL on one example)
     warm_start_file        `models.save_model`; policy and reference as two loads of that file;
-                           the rest of GRPO's setup (`grpo.new_loop`: AdamW, pool, prompt order,
-                           the `grpo.Loop`) and iteration 1's prompts and seeds (`grpo.draw_prompts`)
+                           the rest of GRPO's setup (`core.new_loop`: AdamW, pool, prompt order,
+                           the `core.Loop`) and iteration 1's prompts and seeds (`core.draw_prompts`)
     grpo_sample_reference  4 prompts x G=4, reference sampler (no KV cache), verified, with their
-                           rewards and advantages (`grpo.sample_iteration`)
+                           rewards and advantages (`core.sample_iteration`)
     grpo_sample_fast       the same 16 rollouts with the fast sampler (KV cache), same seeds
     logprob_check          the pre-update check of the fast sampler's rollouts (its own forward)
-    grpo_updates           one reference forward and two updates (`grpo.update_iteration`: clipped
+    grpo_updates           one reference forward and two updates (`core.update_iteration`: clipped
                            surrogate + 0.02 x the exact KL in blocks of 4,096) on the reference
                            sampler's rollouts, the pre-update check inside the first; the record
-                           (`grpo.record_iteration`)
+                           (`core.record_iteration`)
     kl_blocks              the blocked exact KL and its gradient against one block of 151,936
                            and against float64, on seeded logits of the update's size
-    state_save             `grpo.Loop.capture` + `state.save_state` of the whole run
+    state_save             `core.Loop.capture` + `state.save_state` of the whole run
     state_reload           a fresh model, AdamW, prompt order and generator resumed from the file
-                           (`grpo.Loop.restore`); the state they hold must equal the saved one,
+                           (`core.Loop.restore`); the state they hold must equal the saved one,
                            every section bit for bit
     eval_greedy            greedy predictions of the first test problem of each population
                            (`evaluate.generate_predictions`), scored by the verifier
@@ -106,7 +106,7 @@ import torch
 # Every lab module the stages call is imported here, at the start: a run takes minutes, and a
 # module first imported half-way through would be whatever the file holds by then.
 from .eval import agreement, evaluate
-from .grpo import loop as grpo, losses
+from .grpo import core, losses, variants
 from .lab import memory, runtime
 from .models import presets as models, sampling, scoring
 from .train import sft
@@ -504,10 +504,10 @@ class Smoke:
     tokenizer: object = None
     model: object = None  # until GRPO starts; from then on the loop's
     reference: object = None
-    loop: object = None  # the `grpo.Loop`: policy, reference, AdamW, pool, order, generator, history
+    loop: object = None  # the `core.Loop`: policy, reference, AdamW, pool, order, generator, history
     chosen: list = field(default_factory=list)  # iteration 1's 4 pool problems
     seeds: list = field(default_factory=list)  # and their P x G sampling seeds
-    sampled: dict = field(default_factory=dict)  # sampler -> its `grpo.Sampled` (P groups of G rollouts)
+    sampled: dict = field(default_factory=dict)  # sampler -> its `core.Sampled` (P groups of G rollouts)
     start_digest: str | None = None  # policy = reference at the start of GRPO
     policy_digest: str | None = None  # the policy after the updates, as saved in the state
     section_digests: dict | None = None  # of the saved state, section by section
@@ -637,22 +637,22 @@ def stage_warm_start_file(s: Smoke, detail: dict) -> None:
 
 
 def prepare_grpo(s: Smoke) -> None:
-    """GRPO's stage 0 after the two loads, by `grpo.new_loop` (the second half of `grpo.start_loop`):
-    AdamW, pool, prompt order, generation generator and identity in a `grpo.Loop`, whose `capture`
-    makes the run's state; then iteration 1's prompts and seeds by `grpo.draw_prompts`."""
+    """GRPO's stage 0 after the two loads, by `core.new_loop` (the second half of `grpo.start_loop`):
+    AdamW, pool, prompt order, generation generator and identity in a `core.Loop`, whose `capture`
+    makes the run's state; then iteration 1's prompts and seeds by `core.draw_prompts`."""
     config = s.config.with_overrides(max_response_tokens=s.max_new_tokens)
     seed_everything(config.seed)
-    s.loop = grpo.new_loop(config, config.group_size, config.grpo_iterations, s.model, s.reference, s.tokenizer,
+    s.loop = core.new_loop(config, config.group_size, config.grpo_iterations, s.model, s.reference, s.tokenizer,
                            s.start_digest, start_label="smoke warm start", sampler="reference", device=s.device,
-                           extra_identity={"smoke_layers": s.model_config.num_hidden_layers})
-    s.chosen, s.seeds = grpo.draw_prompts(s.loop)
+                           resolved=variants.resolve(variants.Variant(), config), extra_identity={"smoke_layers": s.model_config.num_hidden_layers})
+    s.chosen, s.seeds = core.draw_prompts(s.loop)
 
 
 def stage_sample(s: Smoke, detail: dict, sampler: str) -> None:
     """G responses to each of the 4 prompts with `sampler`, verified, their rewards and advantages:
-    `grpo.sample_iteration`, the loop's own stages 1-3."""
+    `core.sample_iteration`, the loop's own stages 1-3."""
     with deterministic(s.device):
-        s.sampled[sampler] = grpo.sample_iteration(s.loop, 0, sampler, s.chosen, s.seeds)
+        s.sampled[sampler] = core.sample_iteration(s.loop, 0, sampler, s.chosen, s.seeds)
     groups = s.sampled[sampler].groups
     rollouts = [r for g in groups for r in g.rollouts]
     detail.update(rollouts=len(rollouts), prompt_tokens=[len(g.prompt_ids) for g in groups],
@@ -681,9 +681,9 @@ def stage_logprob_check(s: Smoke, detail: dict) -> None:
 
 
 def stage_grpo_updates(s: Smoke, detail: dict) -> None:
-    """Iteration 1's updates on the reference sampler's rollouts by `grpo.update_iteration`, the loop's
+    """Iteration 1's updates on the reference sampler's rollouts by `core.update_iteration`, the loop's
     own stages 4-5 (one reference forward, two updates, the pre-update check inside the first), and
-    its record by `grpo.record_iteration`."""
+    its record by `core.record_iteration`."""
     loop, config = s.loop, s.loop.config
     P, G = config.prompts_per_iteration, loop.G
     sampled = s.sampled["reference"]
@@ -691,12 +691,12 @@ def stage_grpo_updates(s: Smoke, detail: dict) -> None:
     zero_std = losses.zero_variance_groups(rewards)  # (P,)
     if s.rewards == "synthetic" and bool(zero_std.all()):
         used = torch.tensor(SYNTHETIC_REWARDS[:G]).expand(P, G).clone()  # see the module docstring
-        sampled = dataclasses.replace(sampled, optimised=used, advantages=grpo.advantages_of(loop, used))
+        sampled = dataclasses.replace(sampled, optimised=used, advantages=loop.resolved.advantages(used).reshape(-1))
     before = models.parameter_digest(loop.model)
     with deterministic(s.device):
-        updates, check = grpo.update_iteration(loop, sampled)
+        updates, check = core.update_iteration(loop, sampled)
         loop.optimizer.zero_grad(set_to_none=True)  # the gradients are not part of a state
-    grpo.record_iteration(loop, 0, sampled, updates, check)
+    core.record_iteration(loop, 0, sampled, updates, check)
     rows = sampled.rollouts
     detail.update(
         verifier_rewards=rewards.tolist(),
@@ -819,7 +819,7 @@ def memory_fits(need: int) -> tuple[bool, int | None]:
 
 
 def stage_state_save(s: Smoke, detail: dict) -> None:
-    """The run's full state after iteration 1, captured (`grpo.Loop.capture`) and saved as the loop does."""
+    """The run's full state after iteration 1, captured (`core.Loop.capture`) and saved as the loop does."""
     loop = s.loop
     free("reference", smoke=s)  # not part of a state, and not needed after the updates
     size = state_bytes(loop.model, loop.optimizer)
@@ -846,7 +846,7 @@ def stage_state_save(s: Smoke, detail: dict) -> None:
 
 
 def stage_state_reload(s: Smoke, detail: dict) -> None:
-    """A fresh model, AdamW, prompt order and generator resumed from the saved state (`grpo.Loop.restore`:
+    """A fresh model, AdamW, prompt order and generator resumed from the saved state (`core.Loop.restore`:
     `state.load_state`, the identity check, `state.restore_state`); the state they then hold, captured
     again, must equal the saved one bit for bit, section by section."""
     path = s.work / "state.pt.gz"
@@ -865,12 +865,12 @@ def stage_state_reload(s: Smoke, detail: dict) -> None:
         loop, model=model, reference=None, history=[], consumed=[], next_update=0,
         optimizer=torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=config.grpo_lr,
                                     weight_decay=config.grpo_weight_decay),
-        order=grpo.PromptOrder(len(loop.pool), config.seed + grpo.PROMPT_ORDER_SEED_OFFSET),
+        order=core.PromptOrder(len(loop.pool), config.seed + core.PROMPT_ORDER_SEED_OFFSET),
         generation=torch.Generator(),
     )
     if path.exists() and fits:
         iteration, _ = fresh.restore(path)
-        detail["source"] = "grpo.Loop.restore of the saved file"
+        detail["source"] = "core.Loop.restore of the saved file"
     else:
         plain = state_lib.restore_state(s.snapshot, model=fresh.model, optimizer=fresh.optimizer,
                                         generators={"generation": fresh.generation})

@@ -6,7 +6,7 @@ import shutil
 import pytest
 import torch
 
-from labkit.grpo import loop as grpo
+from labkit.grpo import core, loop as grpo, losses
 from labkit.models import presets as models
 from labkit.lab import state as state_lib
 from labkit.lab.runs import sha256_file
@@ -60,7 +60,7 @@ def test_counts_roles_and_rollout_records(continuous):
         for k in range(4):
             group = [r for r in rows if r["iteration"] == it + 1][k * 2:(k + 1) * 2]
             rewards = torch.tensor([[r["reward"] for r in group]])
-            expected = grpo.losses.group_advantages(rewards)[0].tolist()
+            expected = losses.group_advantages(rewards)[0].tolist()
             assert [r["advantage"] for r in group] == pytest.approx(expected, abs=0)
 
 
@@ -106,7 +106,7 @@ def test_checkpoint_curves_change_no_weight_and_no_rollout(tmp_path, start_file,
 def test_a_problem_drawn_twice_in_one_iteration_makes_two_groups(tmp_path, start_file, monkeypatch):
     """P = 32 prompts from a pool of 20: the order wraps inside the iteration and 12 problems come
     twice.  Groups are positions, not problem ids: 32 groups of G = 2, every rollout id unique."""
-    pool = grpo.load_pool()[:20]
+    pool = core.load_pool()[:20]
     monkeypatch.setattr(grpo, "load_pool", lambda: pool)
     config = SMALL.with_overrides(prompts_per_iteration=32, checkpoint_every=0)
     grpo.run_grpo(config, tmp_path / "run", group_size=2, iterations=1, start_file=start_file, progress=False)
@@ -115,18 +115,18 @@ def test_a_problem_drawn_twice_in_one_iteration_makes_two_groups(tmp_path, start
     assert len(history["problem_ids"]) == 32 and len(set(history["problem_ids"])) == 20
     assert len(rows) == 64 and len({r["rollout_id"] for r in rows}) == 64
     rewards = torch.tensor([r["reward"] for r in rows]).reshape(32, 2)
-    assert history["frac_reward_zero_std"] == float(grpo.losses.zero_variance_groups(rewards).float().mean())
-    assert [r["advantage"] for r in rows] == pytest.approx(grpo.losses.group_advantages(rewards).reshape(-1).tolist(),
+    assert history["frac_reward_zero_std"] == float(losses.zero_variance_groups(rewards).float().mean())
+    assert [r["advantage"] for r in rows] == pytest.approx(losses.group_advantages(rewards).reshape(-1).tolist(),
                                                            abs=0)
 
 
 def test_iteration_metrics_groups_by_position():
     rows = [{"problem_id": "train-0200", "reward": r, "response_ids": [1], "finish_reason": "eos"}
             for r in (1.0, 0.0, 1.0, 1.0)]  # one problem, two groups: (1, 0) has signal, (1, 1) has none
-    metrics = grpo.iteration_metrics(rows, [True] * 4, group_size=2)
+    metrics = core.iteration_metrics(rows, [True] * 4, group_size=2)
     assert metrics["frac_reward_zero_std"] == 0.5 and metrics["reward_std"] == 0.25
     with pytest.raises(ValueError, match="groups of 3"):
-        grpo.iteration_metrics(rows, [True] * 4, group_size=3)
+        core.iteration_metrics(rows, [True] * 4, group_size=3)
 
 
 def test_resume_refuses_a_state_of_another_run(tmp_path, start_file):
@@ -137,12 +137,12 @@ def test_resume_refuses_a_state_of_another_run(tmp_path, start_file):
 
 
 def test_prompt_order_crosses_epochs_deterministically():
-    a, b = grpo.PromptOrder(5, seed=1), grpo.PromptOrder(5, seed=1)
+    a, b = core.PromptOrder(5, seed=1), core.PromptOrder(5, seed=1)
     first = a.take(7)
     assert sorted(first[:5]) == [0, 1, 2, 3, 4] and a.epoch == 1 and a.cursor == 2
     b.take(3)
     saved = b.state()
-    c = grpo.PromptOrder(5, seed=1)
+    c = core.PromptOrder(5, seed=1)
     c.restore(saved)
     assert c.take(4) == first[3:7]
 

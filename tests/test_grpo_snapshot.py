@@ -13,7 +13,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from labkit.grpo import loop as grpo
+from labkit.grpo import core, loop as grpo, variants
+from labkit.grpo.variants import Variant
 from labkit.models import presets as models, scoring
 from labkit.config import TINY
 
@@ -59,8 +60,8 @@ def assert_matches_snapshot(values: dict) -> None:
 def test_the_loss_and_its_gradient_match_the_snapshot():
     policy, reference, batch, old, advantages = snapshot_inputs()
     logp_cur, logits_cur = scoring.response_logprobs(policy, batch, return_logits=True)
-    loss, metrics = grpo.grpo_loss(logp_cur, logits_cur, grpo.reference_scores(reference, batch),
-                                   batch.response_mask, old, advantages, 2, TINY)
+    loss, metrics = core.objective_loss(logp_cur, logits_cur, core.reference_scores(reference, batch),
+                                        batch.response_mask, old, advantages, 2, TINY, variants.resolve(Variant(), TINY))
     loss.backward()
     assert_matches_snapshot({"loss": float(loss.detach()), **metrics, **gradient_summary(policy)})
 
@@ -70,8 +71,9 @@ def test_one_update_reports_the_same_figures_and_moves_the_weights():
     before = models.parameter_digest(policy)
     optimizer = torch.optim.AdamW([p for p in policy.parameters() if p.requires_grad], lr=1e-3)
     seen = []
-    metrics = grpo.grpo_update(policy, optimizer, batch, old, advantages, grpo.reference_scores(reference, batch),
-                               1e-3, group_size=2, config=TINY, before_step=seen.append)
+    metrics = core.grpo_update(policy, optimizer, batch, old, advantages, core.reference_scores(reference, batch),
+                               1e-3, G=2, config=TINY, resolved=variants.resolve(Variant(), TINY),
+                               before_step=seen.append)
     assert metrics["learning_rate"] == 1e-3 and optimizer.param_groups[0]["lr"] == 1e-3
     # clip_grad_norm_ returns the norm before clipping: the snapshot's gradient norm
     assert metrics["grad_norm"] == pytest.approx(SNAPSHOT["grad_norm"], rel=RTOL)

@@ -29,7 +29,7 @@ import pytest
 import torch
 import transformers.models.qwen2.modeling_qwen2 as modeling_qwen2
 
-from labkit.grpo import loop as grpo
+from labkit.grpo import core
 from labkit.models import presets as models, scoring, shared_prompt
 from labkit import smoke
 from labkit.lab.runs import REPO_ROOT
@@ -58,7 +58,7 @@ def qwen_shaped():
 def rows(tiny):
     """Three real prompts of different lengths (66, 61, 40 tokens) x 4 responses of 9, 1, 3 and 7 tokens."""
     _, tokenizer = tiny
-    pool = grpo.load_pool()
+    pool = core.load_pool()
     prompts = [scoring.build_prompt_ids(tokenizer, pool[i]["statement"]) for i in range(3)]
     prompts[1] = prompts[1][:40]
     prompts.sort(key=len, reverse=True)

@@ -169,7 +169,7 @@ def test_the_full_state_reloads_bit_for_bit(smoke_run):
     assert saved["state_tensor_bytes"] == 3 * 4 * 35_899_040 + 4 * (1 + 12 * LAYERS + 1)
     assert saved["raw_bytes"] > saved["state_tensor_bytes"] and saved["compresslevel"] == 0
     assert saved["raw_bytes"] < saved["bytes"] < saved["raw_bytes"] * 1.001  # stored: gzip's headers only
-    assert reloaded["source"] == "grpo.Loop.restore of the saved file"
+    assert reloaded["source"] == "core.Loop.restore of the saved file"
     assert reloaded["sections_different"] == []
     assert reloaded["sections_bitwise_equal"] == sorted(["model", "optimizer", "scheduler", "data_order", "generators",
                                                          "rng", "history", "consumed_ids", "identity", "progress"])

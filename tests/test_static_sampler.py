@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from labkit.grpo import loop as grpo
+from labkit.grpo import core
 from labkit.models import presets as models, rollouts, sampling, scoring, static_sampler
 from labkit import smoke
 from labkit.lab.runs import REPO_ROOT
@@ -32,7 +32,7 @@ def tiny():
 def prompts(tiny):
     """Four real prompts of different lengths (one cut to 30 tokens)."""
     _, tokenizer = tiny
-    pool = grpo.load_pool()
+    pool = core.load_pool()
     out = [scoring.build_prompt_ids(tokenizer, pool[i]["statement"]) for i in range(4)]
     out[2] = out[2][:30]
     return out

@@ -172,7 +172,7 @@ def test_a_learned_reward_run_is_named_by_its_reward_model():
 def test_the_committed_chapter10_sweep_is_complete_and_rescored_exactly():
     """Every run of sweeps/chapter10.json is built for this code; every kept rollout's true reward is
     the verifier's verdict on its text, and the learned run's optimised reward is its proxy."""
-    from labkit.grpo import loop as grpo
+    from labkit.grpo import core, loop as grpo
     from labkit.task import verifier
     from labkit.config import get_preset
 
@@ -181,7 +181,7 @@ def test_the_committed_chapter10_sweep_is_complete_and_rescored_exactly():
     assert due == [], f"sweep runs {due} are not built for this code; rebuild with `make cache`"
     results = sweep.load_results(CHAPTER10)
     assert sorted(results["runs"]) == sorted(s["name"] for s in specs)
-    problems = {p["id"]: p["problem"] for p in grpo.load_pool()}
+    problems = {p["id"]: p["problem"] for p in core.load_pool()}
     for spec in specs:
         rows = grpo.read_rollouts(spec["folder"])
         assert len(rows) == spec["iterations"] * spec["group_size"] * get_preset("tiny").prompts_per_iteration

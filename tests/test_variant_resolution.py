@@ -15,7 +15,7 @@ import torch
 from labkit.grpo import variants
 from labkit.grpo.variants import Variant
 
-LABKIT = Path(variants.__file__).parent
+LABKIT = Path(variants.__file__).parents[1]
 SWITCHES = {f.name for f in fields(Variant)} | {"is_protocol"}
 
 
@@ -96,14 +96,16 @@ def test_each_kl_term_logs_the_same_two_measures_and_optimises_its_own(kl):
 
 
 def test_resolve_adds_the_length_penalty_only_when_asked():
-    assert variants.resolve(Variant()).optimised_reward is variants.verifier_reward
-    assert variants.resolve(Variant(length_penalty=0.5)).optimised_reward is not variants.verifier_reward
-    assert variants.resolve(Variant()).identity == {}
-    assert variants.resolve(Variant(kl="none")).identity == {"variant": Variant(kl="none").to_dict()}
+    from labkit.config import TINY
+
+    assert variants.resolve(Variant(), TINY).optimised_reward is variants.verifier_reward
+    assert variants.resolve(Variant(length_penalty=0.5), TINY).optimised_reward is not variants.verifier_reward
+    assert variants.resolve(Variant(), TINY).identity == {}
+    assert variants.resolve(Variant(kl="none"), TINY).identity == {"variant": Variant(kl="none").to_dict()}
 
 
 def test_a_learned_reward_needs_its_verifier_passed_in_and_only_it_takes_one():
-    from labkit.grpo import loop as grpo
+    from labkit.grpo import core
     from labkit.models import presets as models
     from labkit.config import TINY
 
@@ -111,15 +113,16 @@ def test_a_learned_reward_needs_its_verifier_passed_in_and_only_it_takes_one():
     model, reference = models.new_tiny_model(0, tokenizer), models.new_tiny_model(0, tokenizer)
     start = dict(start_label="test", sampler="reference", device="cpu")
     with pytest.raises(ValueError, match="reward 'learned' needs the learned verifier: pass learned_verifier="):
-        grpo.new_loop(TINY, 2, 1, model, reference, tokenizer, "digest", variant=Variant(reward="learned"), **start)
+        variants.resolve(Variant(reward="learned"), TINY)
     with pytest.raises(ValueError, match="reward 'verifier' takes no learned verifier"):
-        grpo.new_loop(TINY, 2, 1, model, reference, tokenizer, "digest", learned_verifier=object(), **start)
-    loop = grpo.new_loop(TINY, 2, 1, model, reference, tokenizer, "digest", variant=Variant(kl="none"), **start)
-    assert loop.resolved.kl_term is variants.no_kl_term and loop.reward_generator is None
+        variants.resolve(Variant(), TINY, learned_verifier=object())
+    loop = core.new_loop(TINY, 2, 1, model, reference, tokenizer, "digest",
+                         resolved=variants.resolve(Variant(kl="none"), TINY), **start)
+    assert loop.resolved.kl_term is variants.no_kl_term and list(loop.generators) == ["generation"]
     assert loop.identity["variant"] == Variant(kl="none").to_dict()
-    loop = grpo.new_loop(TINY, 2, 1, model, reference, tokenizer, "digest",
-                         variant=Variant(reward="random", random_reward_p=0.5), **start)
-    assert loop.reward_generator is not None and "reward" in loop.generators  # saved in every state
+    loop = core.new_loop(TINY, 2, 1, model, reference, tokenizer, "digest",
+                         resolved=variants.resolve(Variant(reward="random", random_reward_p=0.5), TINY), **start)
+    assert "reward" in loop.generators  # saved in every state
 
 
 @pytest.mark.parametrize("kl", variants.KLS)

@@ -5,7 +5,7 @@ import json
 import pytest
 import torch
 
-from labkit.grpo import loop as grpo, losses
+from labkit.grpo import core, loop as grpo, losses
 from labkit.models import presets as models
 from labkit.lab import state as state_lib
 from labkit.config import TINY
@@ -94,7 +94,7 @@ def test_the_random_control_ignores_the_response_and_resumes_exactly(tmp_path, s
 
 def test_the_format_control_pays_validity_and_rft_learns_only_rewarded_rows(tmp_path, start_file):
     _, history, rows = run(tmp_path / "rft", start_file, Variant(objective="rft", reward="format", kl="none"))
-    problems = {p["id"]: p["problem"] for p in grpo.load_pool()}
+    problems = {p["id"]: p["problem"] for p in core.load_pool()}
     for r in rows:  # the format control pays exactly the verifier's validity, whatever the value
         verdict = score(r["text"], r["finish_reason"], problems[r["problem_id"]], r["tokenization_valid"])
         assert r["optimised_reward"] == float(verdict.valid)

@@ -18,7 +18,7 @@ alternating within a repeat so that a change in the machine's load hits them ali
 3. The updates' forward and backward, plain (every row its full prompt) against shared-prompt
    scoring (`labkit.models.shared_prompt`), on real rollouts at G = 4 and 8, with the bytes each path
    keeps for the backward pass (its activation memory, counted by a saved-tensors hook).
-4. One real iteration of the loop (`grpo.run_iteration`) in three set-ups, the protocol's
+4. One real iteration of the loop (`core.run_iteration`) in three set-ups, the protocol's
    (reference sampler, plain scoring), the fast sampler with shared scoring, and the static
    sampler with shared scoring (`grpo --sampler static --scoring shared`), split into
    generation, reference forward, updates, pre-update check and bookkeeping.
@@ -43,7 +43,7 @@ from pathlib import Path
 
 import torch
 
-from ..grpo import loop as grpo
+from ..grpo import core, loop as grpo, variants
 from ..models import presets as models, rollouts, sampling, scoring, shared_prompt
 from ..config import TINY
 from ..models.static_sampler import StaticDecoder, sample_static
@@ -240,16 +240,17 @@ def bench_iteration(max_new_tokens: int, start_file: Path) -> dict:
     for name, sampler, shared in (("protocol (reference sampler, plain)", "reference", False),
                                   ("fast sampler, shared-prompt scoring", "fast", True),
                                   ("static sampler, shared-prompt scoring", "static", True)):
-        loop = grpo.start_loop(config, config.group_size, 1, start_file, sampler, "cpu", shared_prompts=shared)
-        record, rows, timings = grpo.run_iteration(loop, 0, sampler)
+        loop = grpo.start_loop(config, config.group_size, 1, start_file, sampler, "cpu",
+                               variants.resolve(variants.Variant(), config), shared_prompts=shared)
+        record, rows, timings = core.run_iteration(loop, 0, sampler)
         # the reference forward alone, on the same batch, to split "optimisation" into its parts
         prompts = [loop.prompts[r["problem_id"]] for r in rows]
         responses = [r["response_ids"] for r in rows]
         batch = scoring.make_batch(prompts, responses, loop.tokenizer.pad_token_id)
-        score = (grpo.shared_prompt_scorer(prompts, responses, loop.G, loop.tokenizer.pad_token_id) if shared
-                 else grpo.plain_scorer(batch))
+        score = (core.shared_prompt_scorer(prompts, responses, loop.G, loop.tokenizer.pad_token_id) if shared
+                 else core.plain_scorer(batch))
         start = time.perf_counter()
-        grpo.reference_scores(loop.reference, batch, score)
+        core.reference_scores(loop.reference, batch, score)
         reference_s = time.perf_counter() - start
         parts = {"generation": timings["generation"], "reference": reference_s,
                  "updates": timings["optimisation"] - reference_s, "check": timings["logprob_check"]}
@@ -281,7 +282,7 @@ def bench_worked(repeats: int) -> dict | None:
     cfg = reasoning.ReasoningConfig()
     loop = reasoning.new_loop(reasoning.ReasoningRun("bench", "rare_2"), cfg, skill)
     model, tokenizer, G = loop.model, loop.tokenizer, loop.G
-    chosen, seeds = grpo.draw_prompts(loop)
+    chosen, seeds = core.draw_prompts(loop)
     rows = [loop.prompts[p["id"]] for p in chosen for _ in range(G)]
     limit = worked.WORKED_MAX_RESPONSE_TOKENS
     common = dict(max_new_tokens=limit, policy_digest=models.parameter_digest(model))
@@ -314,7 +315,7 @@ def bench_worked(repeats: int) -> dict | None:
     start = time.perf_counter()
     sampled = reasoning.sample_iteration(loop, 1, reasoning.REWARDS["outcome"])
     middle = time.perf_counter()
-    reasoning.update_iteration(loop, sampled)
+    core.update_iteration(loop, sampled)
     total = time.perf_counter() - start
     print(f"    one worked iteration (labkit.studies.reasoning, {reasoning.SAMPLER} sampler): {total:.2f} s, sampling "
           f"{sampled.seconds:.2f} s ({sampled.seconds / total:.0%}), updates {total - (middle - start):.2f} s")

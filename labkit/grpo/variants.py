@@ -58,8 +58,10 @@ part of the loop and nothing else:
 The log always keeps the true (verifier) reward beside the optimised one.
 
 Each switch with named values is a table below, one small function per entry: `REWARD_TABLE`,
-`KL_TABLE`, `OBJECTIVE_TABLE` and `ADVANTAGE_TABLE`.  `resolve` looks a variant up in them once,
-when a loop starts (`labkit.grpo.loop.start_loop`); the loop then calls what it was given.  The loss
+`KL_TABLE`, `OBJECTIVE_TABLE` and `ADVANTAGE_TABLE`.  `resolve(variant, config)` looks a variant up
+in them once, when a run starts (`labkit.grpo.run.start_loop`), and binds every entry to what it
+needs (the preset's numbers, the random reward's generator, the learned verifier): the loop is
+handed a `Resolved` and calls what it holds, never `resolve`, and never reads a switch.  The loss
 terms of GSPO and CISPO are `labkit.grpo.objectives`' (each checked against its paper's formula).
 """
 
@@ -69,10 +71,12 @@ import copy
 import hashlib
 import json
 from dataclasses import asdict, dataclass, fields
+from functools import partial
 from typing import Callable
 
 import torch
 
+from ..config import SEED_OFFSETS, PresetConfig
 from . import losses, objectives
 
 OBJECTIVES = ("grpo", "rft", "sft", "gspo", "cispo")
@@ -153,7 +157,7 @@ class Variant:
         if self.tis_cap is not None and (self.logp_old_from != "trainer" or self.objective != "grpo"):
             raise ValueError("variant tis_cap weights GRPO's surrogate by pi_trainer / pi_sampler: it needs "
                              "objective 'grpo' and logp_old_from 'trainer'")
-        if self.logp_old_from == "trainer" and OBJECTIVE_TABLE[self.objective].rows != "rollouts":
+        if self.logp_old_from == "trainer" and not OBJECTIVE_TABLE[self.objective].on_rollouts:
             raise ValueError(f"variant logp_old_from 'trainer': objective {self.objective!r} has no ratio, "
                              "so no logp_old")
         if isinstance(self.length_penalty, bool) or not isinstance(self.length_penalty, (int, float)) \
@@ -197,32 +201,31 @@ class Variant:
 # -- The tables: one small function per entry --------------------------------------------------
 #
 # Rewards.  Each takes the iteration's groups (`labkit.models.sampling.Group`, P of them, G rollouts
-# each) and the loop, and returns the (P, G) float32 rewards the loop optimises.  The loop gives
-# what an entry needs: `learned_verifier` (reward "learned"), `reward_generator` and `variant`
-# (reward "random").
+# each), and what `resolve` binds to it (the learned verifier; the random control's generator and
+# probability), and returns the (P, G) float32 rewards the loop optimises.
 
 
-def verifier_reward(groups, loop) -> torch.Tensor:
+def verifier_reward(groups) -> torch.Tensor:
     """The verifier's reward (the protocol)."""
     return torch.tensor([g.rewards for g in groups])
 
 
-def format_reward(groups, loop) -> torch.Tensor:
+def format_reward(groups) -> torch.Tensor:
     """1 for a schema-valid answer, whatever its value (a control)."""
     return torch.tensor([[float(v.valid) for v in g.verdicts] for g in groups])
 
 
-def learned_reward(groups, loop) -> torch.Tensor:
+def learned_reward(groups, *, verifier) -> torch.Tensor:
     """The learned verifier's yes/no (a proxy; the verifier's reward is still logged beside it)."""
-    proxy, _ = loop.learned_verifier.rewards([r.prompt_ids for g in groups for r in g.rollouts],
-                                             [r.response_ids for g in groups for r in g.rollouts])
+    proxy, _ = verifier.rewards([r.prompt_ids for g in groups for r in g.rollouts],
+                                [r.response_ids for g in groups for r in g.rollouts])
     return proxy.reshape(len(groups), -1)
 
 
-def random_reward(groups, loop) -> torch.Tensor:
-    """Bernoulli(random_reward_p), independent of the response, from the control's own seeded stream."""
+def random_reward(groups, *, generator: torch.Generator, p: float) -> torch.Tensor:
+    """Bernoulli(p), independent of the response, from the control's own seeded stream."""
     shape = (len(groups), len(groups[0].rollouts))
-    return (torch.rand(shape, generator=loop.reward_generator) < loop.variant.random_reward_p).float()
+    return (torch.rand(shape, generator=generator) < p).float()
 
 
 @dataclass(frozen=True)
@@ -230,7 +233,7 @@ class Reward:
     """An entry of `REWARD_TABLE`: the function, and what the loop must be given for it."""
 
     compute: Callable
-    """compute(groups, loop) -> (P, G) float32"""
+    """compute(groups, **what resolve binds) -> (P, G) float32"""
     needs_learned_verifier: bool = False
     """the loop must be passed a `labkit.studies.reward_model.LearnedVerifier`"""
     needs_generator: bool = False
@@ -293,38 +296,22 @@ KL_TABLE = {"exact": exact_kl_term, "k1": estimator_kl_term("k1"), "k2": estimat
             "k3": k3_kl_term, "none": no_kl_term}
 
 # Objectives.  Each entry says which rows the updates learn from and which loss term they use.
-# The rows: "rollouts", the iteration's own rollouts with their advantages (GRPO);
-# "own_correct", its responses whose optimised reward is 1 (RFT, possibly none);
-# "solver_targets", the solver's target for each chosen prompt (SFT).
 
 
-@dataclass(frozen=True)
-class Clip:
-    """What an objective's term needs beyond the batch: the clip and the constant reduction's length."""
-
-    eps: float
-    """the lower clip's epsilon (the preset's clip_eps)"""
-    eps_high: float
-    """the upper clip's epsilon (= eps unless the variant sets clip_eps_high); CISPO's cap is 1 + this"""
-    max_response_tokens: int
-    """the preset's response limit: the length in the "constant" reduction"""
+# Every objective's term takes the clipped surrogate's arguments (`losses.clipped_surrogate`: the
+# protocol's term is that function itself) and returns (value 0-d, statistics):
+#     term(logp_cur (B, R), logp_old (B, R), advantages (B,), mask (B, R), clip_eps, group_size,
+#          reduction, clip_eps_high, max_response_tokens, token_weights)
+# clip_eps_high None means clip_eps (a symmetric clip); token_weights (B, R) or None are truncated
+# importance sampling's, which only GRPO's term takes (`Variant` refuses tis_cap with any other).
 
 
-def surrogate_term(logp_cur, old_logprobs, advantages, mask, group_size, reduction, clip: Clip,
-                   token_weights=None):
-    """The clipped surrogate on group advantages, reduced per group: (value 0-d, clip statistics)."""
-    return losses.clipped_surrogate(logp_cur, old_logprobs, advantages, mask, clip_eps=clip.eps,
-                                    group_size=group_size, reduction=reduction,
-                                    clip_eps_high=None if clip.eps_high == clip.eps else clip.eps_high,
-                                    max_response_tokens=clip.max_response_tokens, token_weights=token_weights)
-
-
-def sequence_ratio_term(logp_cur, old_logprobs, advantages, mask, group_size, reduction, clip: Clip,
-                        token_weights=None):
+def sequence_ratio_term(logp_cur, logp_old, advantages, mask, clip_eps, group_size, reduction, clip_eps_high,
+                        max_response_tokens, token_weights=None):
     """GSPO: each response's ratio exp(mean_t log-ratio), clipped per response to the paper's
     [1 - 3e-4, 1 + 4e-4] (`objectives.DEFAULTS`), a mean over each group's responses, then over groups."""
     eps_low, eps_high = objectives.DEFAULTS["gspo"]["epsilon_low"], objectives.DEFAULTS["gspo"]["epsilon_high"]
-    s = objectives.sequence_ratio(logp_cur, old_logprobs, mask)  # (B,)
+    s = objectives.sequence_ratio(logp_cur, logp_old, mask)  # (B,)
     per_response = objectives.clipped_term(s, advantages, eps_low, eps_high)  # (B,)
     rows = per_response.shape[0]
     group_size = rows if group_size is None else group_size
@@ -338,57 +325,91 @@ def sequence_ratio_term(logp_cur, old_logprobs, advantages, mask, group_size, re
     return value, stats
 
 
-def capped_weight_term(logp_cur, old_logprobs, advantages, mask, group_size, reduction, clip: Clip,
-                       token_weights=None):
+def capped_weight_term(logp_cur, logp_old, advantages, mask, clip_eps, group_size, reduction, clip_eps_high,
+                       max_response_tokens, token_weights=None):
     """CISPO: sg(min(rho, 1 + eps_high)) A log pi on every token, reduced as the variant says; the
     "high" share is the tokens whose weight the cap cut (their gradient is kept, scaled down)."""
-    per_token = objectives.capped_weight_per_token(logp_cur, old_logprobs, advantages, 1.0 + clip.eps_high)
-    value = -losses.reduce(per_token, mask, group_size, reduction, clip.max_response_tokens)
+    cap = 1.0 + (clip_eps if clip_eps_high is None else clip_eps_high)
+    per_token = objectives.capped_weight_per_token(logp_cur, logp_old, advantages, cap)
+    value = -losses.reduce(per_token, mask, group_size, reduction, max_response_tokens)
     with torch.no_grad():
         active = mask.bool()
-        rho = torch.exp(torch.where(active, logp_cur - old_logprobs, torch.zeros_like(logp_cur)))[active]
-        capped = (rho > 1.0 + clip.eps_high).double().mean().item()
+        rho = torch.exp(torch.where(active, logp_cur - logp_old, torch.zeros_like(logp_cur)))[active]
+        capped = (rho > cap).double().mean().item()
         stats = {"clip_ratio/low_mean": 0.0, "clip_ratio/high_mean": capped, "clip_ratio/region_mean": capped,
                  "ratio/mean": rho.mean().item(), "ratio/min": rho.min().item(), "ratio/max": rho.max().item()}
     return value, stats
 
 
-def imitation_term(logp_cur, old_logprobs, advantages, mask, group_size, reduction, clip: Clip,
-                   token_weights=None):
+def imitation_term(logp_cur, logp_old, advantages, mask, clip_eps, group_size, reduction, clip_eps_high,
+                   max_response_tokens, token_weights=None):
     """The mean negative log-likelihood of the rows (one group of all); no ratio, so nothing clipped."""
-    return losses.reduce(-logp_cur, mask, None, reduction, clip.max_response_tokens), {
+    return losses.reduce(-logp_cur, mask, None, reduction, max_response_tokens), {
         "clip_ratio/low_mean": 0.0, "clip_ratio/high_mean": 0.0, "clip_ratio/region_mean": 0.0}
+
+
+# The rows each objective learns from: rows(rollouts, optimised (P, G), solver_targets) -> (prompts,
+# responses), where solver_targets() gives the solver's target rows of the iteration's prompts.
+
+
+def rollout_rows(rollouts, optimised, solver_targets):
+    """GRPO: the iteration's own rollouts, with their advantages."""
+    return [r.prompt_ids for r in rollouts], [r.response_ids for r in rollouts]
+
+
+def own_correct_rows(rollouts, optimised, solver_targets):
+    """RFT: the iteration's responses whose optimised reward is 1 (possibly none)."""
+    keep = [i for i, value in enumerate(optimised.reshape(-1).tolist()) if value >= 1.0]
+    return [rollouts[i].prompt_ids for i in keep], [rollouts[i].response_ids for i in keep]
+
+
+def solver_target_rows(rollouts, optimised, solver_targets):
+    """SFT: the solver's target for each chosen prompt."""
+    return solver_targets()
 
 
 @dataclass(frozen=True)
 class Objective:
     """An entry of `OBJECTIVE_TABLE`."""
 
-    rows: str
-    """"rollouts", "own_correct" or "solver_targets" (the comment above the table)"""
+    rows: Callable
+    """rows(rollouts, optimised, solver_targets) -> (prompts, responses): what the updates learn from"""
+    on_rollouts: bool
+    """the rows are the rollouts themselves (with a ratio to logp_old), not a subset or other rows"""
     term: Callable
-    """term(logp_cur, old_logprobs, advantages, mask, group_size, reduction, clip, token_weights) -> (0-d,
-    stats); token_weights (B, R) or None: truncated importance sampling's, which only GRPO's term takes
-    (`Variant` refuses tis_cap with any other objective)"""
+    """the loss term (the comment above)"""
     grouped: bool
     """reduce per group of G (the surrogate's) or over all rows as one group (cross-entropy's)"""
 
 
 OBJECTIVE_TABLE = {
-    "grpo": Objective("rollouts", surrogate_term, grouped=True),
-    "rft": Objective("own_correct", imitation_term, grouped=False),
-    "sft": Objective("solver_targets", imitation_term, grouped=False),
-    "gspo": Objective("rollouts", sequence_ratio_term, grouped=True),
-    "cispo": Objective("rollouts", capped_weight_term, grouped=True),
+    "grpo": Objective(rollout_rows, True, losses.clipped_surrogate, grouped=True),
+    "rft": Objective(own_correct_rows, False, imitation_term, grouped=False),
+    "sft": Objective(solver_target_rows, False, imitation_term, grouped=False),
+    "gspo": Objective(rollout_rows, True, sequence_ratio_term, grouped=True),
+    "cispo": Objective(rollout_rows, True, capped_weight_term, grouped=True),
 }
 
 # Baselines: each takes the (P, G) optimised rewards, the preset's advantage eps and the variant's
 # scale_by_std, and returns the (P, G) float64 advantages.
-ADVANTAGE_TABLE = {
-    "group_mean": lambda rewards, eps, scale_by_std: losses.group_advantages(rewards, eps=eps, scale_by_std=scale_by_std),
-    "leave_one_out": lambda rewards, eps, scale_by_std: losses.leave_one_out_advantages(rewards),
-    "none": lambda rewards, eps, scale_by_std: losses.raw_reward_advantages(rewards),
-}
+
+
+def group_mean_advantages(rewards, eps, scale_by_std):
+    """GRPO (scale_by_std) or Dr. GRPO: the group's mean subtracted (`losses.group_advantages`)."""
+    return losses.group_advantages(rewards, eps=eps, scale_by_std=scale_by_std)
+
+
+def leave_one_out(rewards, eps, scale_by_std):
+    """RLOO: the mean of the group's other G - 1 rewards subtracted."""
+    return losses.leave_one_out_advantages(rewards)
+
+
+def no_baseline(rewards, eps, scale_by_std):
+    """REINFORCE: A = r."""
+    return losses.raw_reward_advantages(rewards)
+
+
+ADVANTAGE_TABLE = {"group_mean": group_mean_advantages, "leave_one_out": leave_one_out, "none": no_baseline}
 
 
 # Groups and rows.  `refill` takes the iteration's (chosen, groups, optimised (P, G)), P and a
@@ -473,60 +494,85 @@ SAMPLER_WEIGHTS_TABLE = {"float32": same_weights, "bfloat16": rounded_copy(to_bf
                          "float8": rounded_copy(to_float8)}
 
 
-def length_penalised(compute: Callable, coefficient: float) -> Callable:
-    """compute's rewards minus coefficient x (response tokens / the preset's response limit)."""
-    def penalised(groups, loop) -> torch.Tensor:
+def length_penalised(compute: Callable, coefficient: float, limit: int) -> Callable:
+    """compute's rewards minus coefficient x (response tokens / limit, the preset's response limit)."""
+    def penalised(groups) -> torch.Tensor:
         lengths = torch.tensor([[len(r.response_ids) for r in g.rollouts] for g in groups], dtype=torch.float32)
-        return compute(groups, loop) - coefficient * lengths / loop.config.max_response_tokens
+        return compute(groups) - coefficient * lengths / limit
     return penalised
 
 
 @dataclass(frozen=True)
 class Resolved:
-    """A variant looked up in the tables: what the loop calls."""
+    """A variant looked up in the tables and bound to its run: what the loop calls, and nothing it must
+    look up.  The loop never reads `variant`'s switches; they are here for records."""
 
-    reward: Reward
+    variant: Variant
     optimised_reward: Callable
-    """optimised_reward(groups, loop) -> (P, G) float32: the reward's, minus the length penalty if any"""
-    kl_term: Callable
-    objective: Objective
+    """optimised_reward(groups) -> (P, G) float32: the reward's, minus the length penalty if any"""
     advantages: Callable
-    """advantages(rewards (P, G), eps, scale_by_std) -> (P, G) float64 (`ADVANTAGE_TABLE`)"""
+    """advantages(rewards (P, G)) -> (P, G) float64 (`ADVANTAGE_TABLE`, with the preset's eps)"""
+    objective: Objective
+    kl_term: Callable
+    reduction: str
+    """the loss's reduction ("sequence", "token" or "constant")"""
+    clip_eps_high: float | None
+    """the upper clip's epsilon (None: the preset's clip_eps, a symmetric clip)"""
     refill: Callable
     """`keep_groups` or `refill_silent_groups` (dynamic sampling)"""
     loss_rows: Callable
     """`all_rows` or `drop_overlong` (overlong filtering)"""
+    filters_overlong: bool
+    sampling_policy: Callable
+    """sampling_policy(model) -> the model the iteration samples from (`SAMPLER_WEIGHTS_TABLE`)"""
+    strict_logprob_check: bool
+    """the pre-update check stops the run on a mismatch (False: a sampler that differs on purpose)"""
+    recompute_logp_old: bool
+    """logp_old from the trainer's forward before the first update, not the sampler's record"""
+    tis_cap: float | None
+    """truncated importance sampling's cap (None: no weights)"""
+    updates_per_iteration: int
+    """updates on each iteration's rollouts (the variant's, else the preset's)"""
+    generators: dict
+    """the generators the variant's entries draw from, by name (saved in every state): {"reward": ...}
+    for the random-reward control, else {}"""
     identity: dict
     """what the variant adds to a run's identity ({} for the protocol, whose identity stays as it was)"""
-    clip_eps_high: float | None = None
-    """the variant's upper clip epsilon (None: the preset's clip_eps)"""
-    sampling_policy: Callable = same_weights
-    """sampling_policy(model) -> the model the iteration samples from (`SAMPLER_WEIGHTS_TABLE`)"""
-    strict_logprob_check: bool = True
-    """the pre-update check stops the run on a mismatch (False: a sampler that differs on purpose)"""
-    recompute_logp_old: bool = False
-    """logp_old from the trainer's forward before the first update, not the sampler's record"""
-    tis_cap: float | None = None
-    """truncated importance sampling's cap (None: no weights)"""
-
-    def clip(self, config) -> Clip:
-        """The clip and the constant reduction's length, from the preset's config and the variant."""
-        high = config.clip_eps if self.clip_eps_high is None else self.clip_eps_high
-        return Clip(eps=config.clip_eps, eps_high=high, max_response_tokens=config.max_response_tokens)
 
 
-def resolve(variant: Variant) -> Resolved:
-    """The one place where a variant's switches are looked up."""
+def resolve(variant: Variant, config: PresetConfig, learned_verifier=None) -> Resolved:
+    """The one place where a variant's switches are looked up: each table's entry, bound to the preset's
+    numbers and to what it draws from.  learned_verifier: the proxy reward "learned" optimises (a
+    `labkit.studies.reward_model.LearnedVerifier`, loaded and checked by the caller), None otherwise."""
     reward = REWARD_TABLE[variant.reward]
-    optimised = length_penalised(reward.compute, variant.length_penalty) if variant.length_penalty else reward.compute
-    return Resolved(reward=reward, optimised_reward=optimised, kl_term=KL_TABLE[variant.kl],
-                    objective=OBJECTIVE_TABLE[variant.objective], advantages=ADVANTAGE_TABLE[variant.baseline],
-                    refill=REFILL_TABLE[variant.dynamic_sampling], loss_rows=LOSS_ROWS_TABLE[variant.overlong_filter],
-                    identity={} if variant.is_protocol else {"variant": variant.to_dict()},
-                    clip_eps_high=variant.clip_eps_high,
-                    sampling_policy=SAMPLER_WEIGHTS_TABLE[variant.sampler_weights],
-                    strict_logprob_check=variant.sampler_weights == "float32",
-                    recompute_logp_old=variant.logp_old_from == "trainer", tis_cap=variant.tis_cap)
+    if reward.needs_learned_verifier != (learned_verifier is not None):
+        raise ValueError(f"variant reward {variant.reward!r} " + (
+            "needs the learned verifier: pass learned_verifier=reward_model.load_verifier(preset)"
+            if learned_verifier is None else "takes no learned verifier (only reward 'learned' does)"))
+    generators = ({"reward": torch.Generator().manual_seed(config.seed + SEED_OFFSETS["random_reward"])}
+                  if reward.needs_generator else {})
+    compute = (partial(reward.compute, verifier=learned_verifier) if reward.needs_learned_verifier
+               else partial(reward.compute, generator=generators["reward"], p=variant.random_reward_p)
+               if reward.needs_generator else reward.compute)
+    optimised = (length_penalised(compute, variant.length_penalty, config.max_response_tokens)
+                 if variant.length_penalty else compute)
+    return Resolved(
+        variant=variant, optimised_reward=optimised,
+        advantages=partial(ADVANTAGE_TABLE[variant.baseline], eps=config.advantage_eps,
+                           scale_by_std=variant.scale_by_std),
+        objective=OBJECTIVE_TABLE[variant.objective], kl_term=KL_TABLE[variant.kl], reduction=variant.reduction,
+        clip_eps_high=variant.clip_eps_high,
+        refill=REFILL_TABLE[variant.dynamic_sampling], loss_rows=LOSS_ROWS_TABLE[variant.overlong_filter],
+        filters_overlong=variant.overlong_filter,
+        sampling_policy=SAMPLER_WEIGHTS_TABLE[variant.sampler_weights],
+        strict_logprob_check=variant.sampler_weights == "float32",
+        recompute_logp_old=variant.logp_old_from == "trainer", tis_cap=variant.tis_cap,
+        updates_per_iteration=variant.updates_per_iteration or config.updates_per_iteration,
+        generators=generators,
+        # a variant's switches make another run, and so does the proxy it optimises; the protocol's identity
+        # stays as it was
+        identity={**({} if variant.is_protocol else {"variant": variant.to_dict()}),
+                  **({"reward_model_sha256": learned_verifier.file_sha256} if learned_verifier is not None else {})})
 
 
 def needs_learned_verifier(variant: Variant) -> bool:

@@ -216,7 +216,7 @@ def gradient_noise(model, tokenizer, pool: list[dict], *, P: int = NOISE_PROMPTS
 def run_study(preset: str = "tiny", out: str | Path | None = None, progress: bool = True) -> dict:
     """Both measurements on the warm start; written atomically to runs/<preset>/gradient_study/results.json
     (never over a finished one: move it aside first)."""
-    from ..grpo import loop as grpo
+    from ..grpo import core, loop as grpo
     from ..models import presets as models
     from ..lab.runs import RunFolder, preset_folder, sha256_file, write_json
 
@@ -225,7 +225,7 @@ def run_study(preset: str = "tiny", out: str | Path | None = None, progress: boo
     folder.open_for_writing()
     start = grpo.warm_start_file(preset)
     model, tokenizer = models.load(preset, state=start)
-    pool = grpo.load_pool()
+    pool = core.load_pool()
     began = time.perf_counter()
     cases = []
     for row in pool:  # the pool's first problem, and its first on which the warm start is unsure

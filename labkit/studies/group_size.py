@@ -28,7 +28,7 @@ from pathlib import Path
 
 import torch
 
-from ..grpo import loop as grpo, losses
+from ..grpo import core, loop as grpo, losses
 from ..grpo.losses import zero_signal_fraction
 from ..config import QWEN, SEED_OFFSETS, PresetConfig, get_preset
 from ..lab.runs import (REPO_ROOT, RunExistsError, display_path, dumps_json, is_finished, mark_finished, preset_folder,
@@ -299,7 +299,7 @@ def warm_start_validation_success(config: PresetConfig, start_file: str | Path, 
     model, tokenizer = models.load(config.name, state=start_file, device=device or models.default_device(config.name))
     model.eval()
     generator = torch.Generator().manual_seed(config.seed + VALIDATION_DRAW_SEED_OFFSET)
-    seeds = torch.randint(0, grpo.SEED_RANGE, (len(statements) * draws,), generator=generator).tolist()
+    seeds = torch.randint(0, core.SEED_RANGE, (len(statements) * draws,), generator=generator).tolist()
     prompts = [scoring.build_prompt_ids(tokenizer, s["statement"], config.max_prompt_tokens)
                for s in statements for _ in range(draws)]
     problem_ids = [s["id"] for s in statements for _ in range(draws)]

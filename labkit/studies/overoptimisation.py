@@ -61,7 +61,7 @@ from pathlib import Path
 import torch
 
 from ..task import data
-from ..grpo import loop as grpo, losses
+from ..grpo import core, loop as grpo, losses, variants
 from ..models import presets as models, sampling, scoring
 from . import reward_model
 from .larger_run import larger_config
@@ -347,7 +347,7 @@ class ValidationCurves:
     """A GRPO run's checkpoints against its proxy (the `grpo.CheckpointCurves` interface): the same
     200 x 4 seeded validation answers, scored by the verifier and the proxy, and their KL to the start."""
 
-    def __init__(self, loop: grpo.Loop, proxy: reward_model.LearnedVerifier, total: int, every: int):
+    def __init__(self, loop: core.Loop, proxy: reward_model.LearnedVerifier, total: int, every: int):
         self.loop, self.proxy, self.total, self.every = loop, proxy, total, every
         self.problems = validation_problems(loop.tokenizer)
 
@@ -444,7 +444,7 @@ def run_setting(setting: Setting, preset: str = "tiny", progress: bool = False, 
         try:
             proxy = load_proxy(setting.proxy, preset)  # the proxy this run optimises (reward "learned")
             loop = grpo.start_loop(config, config.group_size, setting.iterations, grpo.warm_start_file(preset),
-                                   "fast", "cpu", variant, shared_prompts=True, learned_verifier=proxy)
+                                   "fast", "cpu", variants.resolve(variant, config, proxy), shared_prompts=True)
             loop.identity.update(proxy=setting.proxy)
             resume_from = grpo.newest_state(folder)
             first, first_in_folder = grpo._prepare_folder(folder, loop, resume_from, True, None)

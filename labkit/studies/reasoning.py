@@ -45,15 +45,15 @@ from pathlib import Path
 
 import torch
 
-from ..grpo import loop as grpo
-from ..models import presets as models, sampling, scoring
+from ..grpo import core, loop as grpo
+from ..models import presets as models, sampling
 from ..eval import think_profile
 from . import thinking_base
 from ..task import worked
 from ..config import TINY
 from ..lab.runs import REPO_ROOT, RunFolder, sha256_file, atomic_write_bytes, preset_folder, write_json
 from ..lab.runtime import code_digests, deterministic, environment, seed_everything
-from ..train.schedule import warmup_linear_decay
+from ..grpo import variants
 from ..grpo.variants import Variant
 
 MODEL_FILE = "model.safetensors"
@@ -136,7 +136,8 @@ def get_run(name: str) -> ReasoningRun:
 def preset_config(cfg: ReasoningConfig):
     """The tiny preset's config with the worked runs' budget (the loss's settings stay the protocol's)."""
     return replace(TINY, prompts_per_iteration=cfg.prompts_per_iteration, grpo_iterations=cfg.iterations,
-                   grpo_lr=cfg.lr, max_response_tokens=worked.WORKED_MAX_RESPONSE_TOKENS)
+                   grpo_lr=cfg.lr, max_response_tokens=worked.WORKED_MAX_RESPONSE_TOKENS,
+                   max_total_tokens=TINY.max_prompt_tokens + worked.WORKED_MAX_RESPONSE_TOKENS)
 
 
 def chain_pool(per_k: int) -> list[dict]:
@@ -151,23 +152,23 @@ def chain_pool(per_k: int) -> list[dict]:
             if worked.chain_key(c) not in measured]
 
 
-def new_loop(run: ReasoningRun, cfg: ReasoningConfig, start: Path) -> grpo.Loop:
+def new_loop(run: ReasoningRun, cfg: ReasoningConfig, start: Path) -> core.Loop:
     """The lab's loop on the worked task: policy and reference from `start`, AdamW, the chain pool."""
     config = preset_config(cfg)
     seed_everything(config.seed)
     model, reference, tokenizer, digest = grpo.load_roles(config, start, "cpu")
     pool = chain_pool(cfg.train_chains_per_k)
-    variant = Variant(length_penalty=run.length_penalty)
+    resolved = variants.resolve(Variant(length_penalty=run.length_penalty), config)
     identity = {"task": "stock-arithmetic-worked", "run": asdict(run), "reasoning_config": asdict(cfg),
                 "start_digest": digest, "pool_ids": [p["id"] for p in pool], "torch_threads": torch.get_num_threads()}
-    return grpo.Loop(
+    return core.Loop(
         config=config, G=cfg.G, model=model, reference=reference, tokenizer=tokenizer,
         optimizer=torch.optim.AdamW(model.parameters(), lr=config.grpo_lr, weight_decay=config.grpo_weight_decay),
         pool=pool, prompts={p["id"]: think_profile.worked_prompt_ids(tokenizer, p["chain"]) for p in pool},
-        order=grpo.PromptOrder(len(pool), config.seed + grpo.PROMPT_ORDER_SEED_OFFSET),
-        generation=torch.Generator().manual_seed(config.seed + grpo.GENERATION_SEED_OFFSET),
-        identity=identity, total_updates=cfg.iterations * config.updates_per_iteration, reference_digest=digest,
-        variant=variant, updates_per_iteration=config.updates_per_iteration)
+        order=core.PromptOrder(len(pool), config.seed + core.PROMPT_ORDER_SEED_OFFSET),
+        generation=torch.Generator().manual_seed(config.seed + core.GENERATION_SEED_OFFSET),
+        identity=identity, total_updates=cfg.iterations * resolved.updates_per_iteration, reference_digest=digest,
+        resolved=resolved)
 
 
 # The static sampler (`labkit.models.static_sampler`): the same tokens as the others for the same seeds, and on worked
@@ -175,16 +176,16 @@ def new_loop(run: ReasoningRun, cfg: ReasoningConfig, start: Path) -> grpo.Loop:
 SAMPLER = "static"
 
 
-def sample_iteration(loop: grpo.Loop, iteration: int, reward) -> grpo.Sampled:
+def sample_iteration(loop: core.Loop, iteration: int, reward) -> core.Sampled:
     """G worked responses to each of the next P chains (the static sampler, one call), scored by the worked
     verifier; the run's reward, the variant's optimised reward and the group advantages."""
-    chosen, seeds = grpo.draw_prompts(loop)
+    chosen, seeds = core.draw_prompts(loop)
     t0 = time.perf_counter()
     G = loop.G
     rollouts = sampling.get_sampler(SAMPLER)(
         loop.model, loop.tokenizer, [loop.prompts[p["id"]] for p in chosen for _ in range(G)], seeds,
         max_new_tokens=worked.WORKED_MAX_RESPONSE_TOKENS, problem_ids=[p["id"] for p in chosen for _ in range(G)],
-        rollout_ids=[f"{stem}-{j}" for stem in grpo.group_stems(chosen, G, iteration) for j in range(G)],
+        rollout_ids=[f"{stem}-{j}" for stem in core.group_stems(chosen, G, iteration) for j in range(G)],
         policy_digest=models.parameter_digest(loop.model))
     groups = []
     for k, p in enumerate(chosen):
@@ -192,47 +193,12 @@ def sample_iteration(loop: grpo.Loop, iteration: int, reward) -> grpo.Sampled:
         verdicts = [worked.score_worked(r.text, r.finish_reason, p["chain"], r.tokenization_valid) for r in mine]
         groups.append(sampling.Group(problem_id=p["id"], prompt_ids=loop.prompts[p["id"]], rollouts=mine,
                                      verdicts=verdicts, rewards=[reward(v, p["chain"]) for v in verdicts]))
-    optimised = loop.resolved.optimised_reward(groups, loop)  # (P, G): the run's reward, minus any length penalty
-    return grpo.Sampled(chosen=chosen, groups=groups, optimised=optimised,
-                        advantages=grpo.advantages_of(loop, optimised), seconds=time.perf_counter() - t0)
+    optimised = loop.resolved.optimised_reward(groups)  # (P, G): the run's reward, minus any length penalty
+    return core.Sampled(chosen=chosen, groups=groups, optimised=optimised,
+                        advantages=loop.resolved.advantages(optimised).reshape(-1), seconds=time.perf_counter() - t0)
 
 
-# The rows' limits: the worked response limit, a prompt as the protocol's (the worked prompt is about 100 tokens).
-WORKED_LIMITS = (scoring.MAX_PROMPT_TOKENS, worked.WORKED_MAX_RESPONSE_TOKENS,
-                 scoring.MAX_PROMPT_TOKENS + worked.WORKED_MAX_RESPONSE_TOKENS)
-
-
-def update_iteration(loop: grpo.Loop, s: grpo.Sampled) -> tuple[list[dict], dict]:
-    """Stages 4-5 of the loop with the worked answers' row limit: one batch, one reference forward, the
-    loop's `grpo.grpo_update` (the clipped surrogate and the exact KL) `updates_per_iteration` times,
-    the pre-update check on the first update's own forward.  (`grpo.update_iteration` builds its batch
-    at the protocol's 64-token limit, which a worked answer of eight steps passes; the loop will take
-    the limit from its config at the next whole rebuild of the cache, and this function goes.)"""
-    config, rollouts, check = loop.config, s.rollouts, {}
-
-    def pre_update_check(logp_cur: torch.Tensor) -> None:
-        t = time.perf_counter()
-        check.update(sampling.compare_with_recorded(logp_cur, rollouts, tol=config.logprob_check_tol))
-        check["seconds"] = time.perf_counter() - t
-
-    batch = scoring.make_batch([r.prompt_ids for r in rollouts], [r.response_ids for r in rollouts],
-                               pad_id=loop.tokenizer.pad_token_id, limits=WORKED_LIMITS)
-    old = grpo.padded([r.old_logprobs for r in rollouts], batch.response_mask.shape[1])
-    reference = grpo.reference_scores(loop.reference, batch)
-    updates = []
-    for k in range(loop.updates_per_iteration):
-        lr = warmup_linear_decay(loop.next_update, loop.total_updates, config.grpo_lr, config.warmup_fraction,
-                                 config.final_lr_fraction)
-        updates.append(grpo.grpo_update(loop.model, loop.optimizer, batch, old, s.advantages, reference, lr,
-                                        group_size=loop.G, config=config,
-                                        before_step=pre_update_check if k == 0 else None,
-                                        variant=loop.variant, resolved=loop.resolved))
-        loop.next_update += 1
-    loop.consumed += [r.rollout_id for r in rollouts]
-    return updates, check
-
-
-def rollout_rows(s: grpo.Sampled, iteration: int) -> list[dict]:
+def rollout_rows(s: core.Sampled, iteration: int) -> list[dict]:
     """One row per response: enough to recompute its verdict and its reward from the text alone."""
     rows = []
     chains = [p for p in s.chosen for _ in range(len(s.groups[0].rollouts))]
@@ -301,7 +267,7 @@ def train(name: str, preset: str = "tiny", cfg: ReasoningConfig | None = None, *
             t0 = time.perf_counter()
             s = sample_iteration(loop, it + 1, reward)
             t1 = time.perf_counter()
-            updates, check = update_iteration(loop, s)
+            updates, check = core.update_iteration(loop, s)
             rows = rollout_rows(s, it + 1)
             record = iteration_record(rows, updates, check, it + 1,
                                       {"sampling": s.seconds, "update": time.perf_counter() - t1,

@@ -197,7 +197,7 @@ def _ch06_loss_batch(iteration: int | None = None, runs=None) -> dict:
     responses differ in length, tokens lie on every side of the clip), so each can be named."""
     import torch
 
-    from ...grpo import loop as grpo
+    from ...grpo import core, loop as grpo
     from ...models import presets as models, scoring
     from ...config import get_preset
     from ...lab.runs import REPO_ROOT
@@ -208,7 +208,7 @@ def _ch06_loss_batch(iteration: int | None = None, runs=None) -> dict:
     warm, tokenizer = models.load("tiny", state=runs / "warm_start" / "model.safetensors")
     final, _ = models.load("tiny", state=runs / "grpo" / "model.safetensors")
     final, warm = final.double(), warm.double()
-    pool = {p["id"]: p for p in grpo.load_pool()}
+    pool = {p["id"]: p for p in core.load_pool()}
     for candidate in ([iteration] if iteration is not None else sorted({r["iteration"] for r in rollouts})):
         rows = [r for r in rollouts if r["iteration"] == candidate]
         if iteration is None and len({len(r["response_ids"]) for r in rows}) == 1:
@@ -221,7 +221,7 @@ def _ch06_loss_batch(iteration: int | None = None, runs=None) -> dict:
             _, logits_ref = scoring.response_logprobs(warm, batch, return_logits=True)
         mask = batch.response_mask.bool()
         b = {"rows": rows, "mask": mask, "logits_cur": logits_cur.double(), "logits_ref": logits_ref.double(),
-             "logp_old": grpo.padded([r["old_logprobs"] for r in rows], mask.shape[1]).double(),
+             "logp_old": core.padded([r["old_logprobs"] for r in rows], mask.shape[1]).double(),
              "advantages": torch.tensor([r["advantage"] for r in rows], dtype=torch.float64),
              "group_size": config.group_size, "clip_eps": config.clip_eps, "kl_coef": config.kl_coef,
              "response_ids": [r["response_ids"] for r in rows]}
@@ -291,13 +291,13 @@ def check_ch06_grpo_loss(grpo_loss, batch: dict | None = None) -> bool:
     """Grade the GRPO-loss exercise: the clipped surrogate reduced token -> response -> prompt, plus
     kl_coef x the exact per-prefix KL(current || reference), on a real batch of the cached run.
 
-    The value must equal `labkit.grpo.loop.grpo_loss`'s within 1e-9 (float64) and so must its gradient
+    The value must equal `labkit.grpo.loop.objective_loss`'s (the protocol's variant) within 1e-9 (float64) and so must its gradient
     with respect to the current policy's logits; a wrong value is matched against the named slips
     (the sign of A, no min, the max, a mean over all tokens, the KL reversed, missing or of the
     wrong sign, the objective returned instead of the loss)."""
     import torch
 
-    from ...grpo import loop as grpo
+    from ...grpo import core, variants
     from ...config import get_preset
 
     require_function(grpo_loss)
@@ -306,8 +306,8 @@ def check_ch06_grpo_loss(grpo_loss, batch: dict | None = None) -> bool:
     logp_cur = _ch06_sampled_logp(logits_cur, b["response_ids"])
     config = get_preset("tiny").with_overrides(clip_eps=b["clip_eps"], kl_coef=b["kl_coef"])
     logp_ref = _ch06_sampled_logp(b["logits_ref"], b["response_ids"])
-    expected, _ = grpo.grpo_loss(logp_cur, logits_cur, (logp_ref, b["logits_ref"]), b["mask"], b["logp_old"],
-                                 b["advantages"], b["group_size"], config)
+    expected, _ = core.objective_loss(logp_cur, logits_cur, (logp_ref, b["logits_ref"]), b["mask"], b["logp_old"],
+                                      b["advantages"], b["group_size"], config, variants.resolve(variants.Variant(), config))
     (expected_grad,) = torch.autograd.grad(expected, logits_cur, retain_graph=True)  # logp_cur is reused
     rows = len(b["rows"])
     where = f"{CH06_LOSS_SIGNATURE} on iteration {b['rows'][0]['iteration']}'s {rows} real rollouts"
@@ -334,7 +334,7 @@ def check_ch06_grpo_loss(grpo_loss, batch: dict | None = None) -> bool:
                             "Only logp_old, the advantages and the reference are constants.")
     clipped = int(((torch.exp(logp_cur.detach() - b["logp_old"]) - 1).abs() > b["clip_eps"])[b["mask"]].sum())
     print(f"Correct: your grpo_loss gives {got.item():.6f} on {rows} real rollouts ({int(b['mask'].sum())} tokens, "
-          f"{clipped} outside the clip interval), equal to labkit.grpo.loop.grpo_loss in value and gradient.")
+          f"{clipped} outside the clip interval), equal to labkit.grpo.loop.objective_loss in value and gradient.")
     return True
 
 
