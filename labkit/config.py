@@ -355,3 +355,74 @@ def get_preset(name: str) -> PresetConfig:
     if name not in PRESETS:
         raise ValueError(f"unknown preset {name!r}; expected one of {sorted(PRESETS)}")
     return PRESETS[name]
+
+
+# -- Chapter 11: the thinking bases and the GRPO runs on worked answers --------------------------------
+
+
+@dataclass(frozen=True)
+class ThinkingPhase:
+    """One continued pretraining: from `start` ("committed" or another base's name), `steps` updates."""
+
+    name: str
+    start: str
+    steps: int
+    thinking_share: float
+    """of the worked-prompt documents, the share answered with working (the rest: the object alone)"""
+    peak_lr: float
+    final_lr: float
+
+
+@dataclass(frozen=True)
+class ThinkingBaseConfig:
+    """How chapter 11's thinking bases are made (`labkit.studies.thinking_base`; one config, the phases below)."""
+
+    worked_prompt_share: float = 0.5
+    """share of documents in the worked prompt (working or direct, as the phase says); the rest are the
+    base's own answer-phase documents"""
+    rows_per_step: int = 8
+    """packed rows per update (8 x 384 = 3,072 token slots)"""
+    row_tokens: int = 384
+    """tokens per packed row: more than the longest document (a worked answer to eight movements at OOD
+    magnitudes, with its prompt, takes up to about 260), which `pretrain.pack_rows` could never place"""
+    warmup_steps: int = 50
+    weight_decay: float = 0.01
+    beta1: float = 0.9
+    beta2: float = 0.95
+    grad_clip: float = 1.0
+    seed: int = CORPUS_SEED + 400
+    """the documents' stream (never the corpus, answer-phase or format-base seeds); each phase adds its index"""
+    measure_every: int = 200
+    """updates between two measurements on the validation chains"""
+    profile_draws: int = 8
+    """temperature-1 answers per test chain in the final profile (pass@k up to 8 from the same rows)"""
+    phases: tuple[ThinkingPhase, ...] = (
+        ThinkingPhase("skill", "committed", 3000, 1.0, 3e-3, 3e-4),
+        ThinkingPhase("rare_0", "skill", 300, 0.0, 3e-4, 3e-4),
+        ThinkingPhase("rare_2", "skill", 300, 0.02, 3e-4, 3e-4),
+        ThinkingPhase("rare_10", "skill", 300, 0.10, 3e-4, 3e-4),
+        ThinkingPhase("control", "committed", 300, 0.0, 3e-4, 3e-4),
+    )
+
+    def phase(self, name: str) -> ThinkingPhase:
+        for p in self.phases:
+            if p.name == name:
+                return p
+        raise ValueError(f"unknown thinking base {name!r}; expected one of {[p.name for p in self.phases]}")
+
+
+@dataclass(frozen=True)
+class ReasoningConfig:
+    """The budget of every chapter 11 GRPO run (`labkit.studies.reasoning`; the same for all, so that they are
+    compared on equal terms)."""
+
+    prompts_per_iteration: int = 16
+    G: int = 8
+    iterations: int = 40
+    lr: float = 1e-4
+    measure_every: int = 10
+    """iterations between two think profiles on the validation chains (and one before the first)"""
+    profile_draws: int = ThinkingBaseConfig.profile_draws
+    """temperature-1 answers per test chain in the final profile (the bases' own number: paired draws)"""
+    train_chains_per_k: int = 100
+    """train chains drawn per k for GRPO's pool (800 in all), none in any base's documents"""

@@ -1,8 +1,14 @@
 """Which cached steps `make cache` rebuilds: the stale ones and everything built from them."""
 
+import sys
+from pathlib import Path
+
 import pytest
 
 from labkit.lab import cache
+
+sys.path.insert(0, str(Path(__file__).parent))
+import test_layers  # noqa: E402  (the import reader)
 
 
 def _verdicts(stale: set[str]) -> dict:
@@ -41,34 +47,33 @@ def test_an_unknown_step_is_refused_by_name():
         cache.get_step("grpo_g4")
 
 
-def _labkit_imports(path, seen):
-    """Every labkit module `path` imports, directly or through other labkit modules."""
-    import ast
-    from pathlib import Path
-
-    root = Path(cache.__file__).parent
-    if path in seen or not path.exists():
+def _labkit_imports(module: str, seen: set) -> set:
+    """Every labkit module `module` imports, directly or through other labkit modules, anywhere in its
+    source (tests/test_layers.py reads the imports); packages' docstring-only __init__ files aside."""
+    if module in seen:
         return seen
-    seen.add(path)
-    for node in ast.walk(ast.parse(path.read_text())):
-        if isinstance(node, ast.ImportFrom) and node.level == 1:
-            names = [node.module] if node.module else [a.name for a in node.names]
-            for name in names:
-                module = root / (name.replace(".", "/") + ".py")
-                _labkit_imports(module if module.exists() else root / name / "__init__.py", seen)
+    seen.add(module)
+    for name in test_layers.imports_of(module):
+        if test_layers.MODULES[name].name != "__init__.py":
+            _labkit_imports(name, seen)
     return seen
+
+
+def _path(module: str) -> str:
+    from labkit.lab.runs import REPO_ROOT
+
+    return str(test_layers.MODULES[module].relative_to(REPO_ROOT))
 
 
 @pytest.mark.parametrize("step", cache.STEPS, ids=cache.STEP_NAMES)
 def test_every_module_a_step_imports_is_one_of_its_inputs(step):
     """A change to any code that made a step makes the step stale (the base's stated exceptions aside)."""
-    from labkit.lab.runs import REPO_ROOT
-
     seen = set()
+    by_path = {_path(m): m for m in test_layers.MODULES}
     for name in step.code:
-        if name.startswith("labkit/") and name.endswith(".py"):
-            _labkit_imports(REPO_ROOT / name, seen)
-    missing = sorted(str(p.relative_to(REPO_ROOT)) for p in seen)
+        if name in by_path:
+            _labkit_imports(by_path[name], seen)
+    missing = sorted(_path(m) for m in seen)
     missing = [m for m in missing if m not in step.code]
     if step.name == "base":
         assert missing == sorted(cache.BASE_UNRECORDED), missing

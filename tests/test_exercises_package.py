@@ -15,7 +15,7 @@ import pytest
 from labkit.book import exercises
 
 ROOT = Path(__file__).resolve().parents[1]
-PACKAGE = ROOT / "labkit" / "exercises"
+PACKAGE = ROOT / "labkit" / "book" / "exercises"
 HELPER = "_calling"
 PREDICT, REVEAL = "predict", "reveal"  # predict-then-run: the one comparison checker, and each chapter's reveal
 # The chapters, named by the notebooks: 01_verifier.ipynb -> ch01, ...

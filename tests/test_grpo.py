@@ -107,7 +107,7 @@ def test_a_problem_drawn_twice_in_one_iteration_makes_two_groups(tmp_path, start
     """P = 32 prompts from a pool of 20: the order wraps inside the iteration and 12 problems come
     twice.  Groups are positions, not problem ids: 32 groups of G = 2, every rollout id unique."""
     pool = core.load_pool()[:20]
-    monkeypatch.setattr(grpo, "load_pool", lambda: pool)
+    monkeypatch.setattr(core, "load_pool", lambda: pool)
     config = SMALL.with_overrides(prompts_per_iteration=32, checkpoint_every=0)
     grpo.run_grpo(config, tmp_path / "run", group_size=2, iterations=1, start_file=start_file, progress=False)
     rows = grpo.read_rollouts(tmp_path / "run")

@@ -11,6 +11,7 @@ import re
 
 import pytest
 
+from labkit.config import ThinkingBaseConfig
 from labkit.train import corpus
 from labkit.studies import reasoning, thinking_base
 from labkit.eval import think_profile
@@ -53,7 +54,7 @@ def test_a_run_is_refused_an_unknown_reward_or_base_by_name():
     with pytest.raises(ValueError, match="unknown reasoning run 'from_rare_3'"):
         reasoning.get_run("from_rare_3")
     with pytest.raises(ValueError, match="unknown thinking base 'rare_3'"):
-        thinking_base.ThinkingBaseConfig().phase("rare_3")
+        ThinkingBaseConfig().phase("rare_3")
 
 
 STATEMENT = re.compile(r"opening stock (\d+); (.*)\. Give the closing stock\.")
@@ -66,7 +67,7 @@ def chain_of(text: str) -> worked.Chain:
 
 
 def test_the_documents_are_right_fresh_and_in_the_phase_s_shares():
-    cfg = thinking_base.ThinkingBaseConfig()
+    cfg = ThinkingBaseConfig()
     forbidden = corpus.dataset_keys() | thinking_base.held_out_keys()
     stream = thinking_base.DocumentStream(cfg, cfg.phase("rare_10"), 7, forbidden)
     docs = [stream.next() for _ in range(1500)]
@@ -86,7 +87,7 @@ def test_the_documents_are_right_fresh_and_in_the_phase_s_shares():
 
 def test_a_chat_document_is_learned_on_its_answer():
     tokenizer = load_tiny_tokenizer()
-    cfg = thinking_base.ThinkingBaseConfig()
+    cfg = ThinkingBaseConfig()
     stream = thinking_base.DocumentStream(cfg, cfg.phase("skill"), 3, frozenset())
     chat = stream.worked_document(True)
     ids, labels = thinking_base.document_tokens(tokenizer, chat)

@@ -112,9 +112,9 @@ def test_eos_stops_both_samplers_and_is_removed_from_the_text(model, tokenizer, 
     expected = [cut(f.response_ids, stop_token) for f in free]
     assert len({len(e) for e in expected}) > 1  # rows really finish at different steps
     for sampler in (sampling.sample_reference, sampling.sample_fast):
-        rollouts = sampler(model, tokenizer, flat, seeds, eos_token_id=stop_token, **kwargs)
-        assert [r.response_ids for r in rollouts] == expected
-        for r in rollouts:
+        got = sampler(model, tokenizer, flat, seeds, eos_token_id=stop_token, **kwargs)
+        assert [r.response_ids for r in got] == expected
+        for r in got:
             if r.response_ids[-1] == stop_token:
                 assert r.finish_reason == "eos"
                 assert r.text == rollouts.decode_response(tokenizer, r.response_ids[:-1], tokenizer.eos_token_id)[0]

@@ -45,7 +45,7 @@ import torch
 
 from ..grpo import core, loop as grpo, variants
 from ..models import presets as models, rollouts, sampling, scoring, shared_prompt
-from ..config import TINY
+from ..config import TINY, ReasoningConfig
 from ..models.static_sampler import StaticDecoder, sample_static
 from .sampling import bench_prompts, load_bench_model
 
@@ -260,7 +260,7 @@ def bench_iteration(max_new_tokens: int, start_file: Path) -> dict:
         print(f"\n[4] one iteration, {name}: {timings['iteration_total']:.3f} s")
         for part, s in parts.items():
             rate = {"generation": f"{generated / s:8.0f} generated tokens/s",
-                    "updates": f"{scored * loop.updates_per_iteration / s:8.0f} scored tokens/s"}.get(part, "")
+                    "updates": f"{scored * loop.resolved.updates_per_iteration / s:8.0f} scored tokens/s"}.get(part, "")
             print(f"    {part:<12} {s:7.3f} s  {rate}")
         out[name] = {"total": timings["iteration_total"], **parts}
     protocol, fast, static = out.values()
@@ -279,7 +279,7 @@ def bench_worked(repeats: int) -> dict | None:
         print(f"\n[5] worked answers: skipped, {skill.relative_to(models.REPO_ROOT)} is not built "
               "(`python -m labkit thinking-bases` or `make cache`)")
         return None
-    cfg = reasoning.ReasoningConfig()
+    cfg = ReasoningConfig()
     loop = reasoning.new_loop(reasoning.ReasoningRun("bench", "rare_2"), cfg, skill)
     model, tokenizer, G = loop.model, loop.tokenizer, loop.G
     chosen, seeds = core.draw_prompts(loop)

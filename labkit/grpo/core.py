@@ -460,7 +460,10 @@ def update_iteration(loop: Loop, s: Sampled) -> tuple[list[dict], dict]:
     kept = resolved.loss_rows(rollouts) if on_rollouts else None  # (B,) bool, or None: every row
     if kept is not None and not kept.any():
         prompts = []  # every response was filtered out: nothing to learn from
-    limits = (config.max_prompt_tokens, config.max_response_tokens, config.max_total_tokens)
+    # rows as long as the protocol allows, or the run's own limit where it is longer (worked answers: 160);
+    # the solver's targets (objective "sft") are never longer than the protocol's 64
+    response_limit = max(config.max_response_tokens, scoring.MAX_RESPONSE_TOKENS)
+    limits = (config.max_prompt_tokens, response_limit, config.max_prompt_tokens + response_limit)
     if not on_rollouts or not prompts:
         pre_update_check(scoring.response_logprobs(loop.model, scoring.make_batch(
             [r.prompt_ids for r in rollouts], [r.response_ids for r in rollouts], pad_id=0, limits=limits))[0])

@@ -25,25 +25,30 @@ DATA_FILES = tuple(
     for kind in ("statements", "labels")
 )
 # Every labkit module a step's code imports, directly or not, is an input of the step
-# (tests/test_cache_steps.py checks it), so that no change to the code that made a step goes unseen.
-LEARNING_CODE = ("labkit/config.py", "labkit/task/data.py", "labkit/models/scoring.py", "labkit/train/schedule.py", "labkit/lab/state.py",
-                 "labkit/models/presets.py", "labkit/lab/runs.py", "labkit/lab/runtime.py", "labkit/lab/resume.py", "labkit/task/problems.py",
-                 "labkit/models/tokenizer.py", "labkit/models/sampling.py", "labkit/models/static_sampler.py", "labkit/task/verifier.py",
-                 "labkit/lab/memory.py")
-ROLLOUT_CODE = ("labkit/grpo/losses.py", "labkit/grpo/loop.py", "labkit/grpo/checkpoint_curves.py", "labkit/models/shared_prompt.py",
-                "labkit/grpo/objectives.py",
-                "labkit/grpo/variants.py", "labkit/studies/reward_model.py",
-                "labkit/eval/evaluate.py", "labkit/grpo/metrics.py")  # reward_model finds its policies with evaluate
+# (tests/test_cache_steps.py checks it), so that no change to the code that made a step goes unseen.  The
+# packages' __init__.py files are not: each holds its docstring and nothing else (tests/test_layers.py), and
+# labkit/__init__.py its docstring and __version__, so importing them runs nothing a step computes with.
+LEARNING_CODE = ("labkit/config.py", "labkit/lab/memory.py", "labkit/lab/resume.py", "labkit/lab/runs.py",
+                 "labkit/lab/runtime.py", "labkit/lab/state.py", "labkit/task/data.py", "labkit/task/problems.py",
+                 "labkit/task/verifier.py", "labkit/models/presets.py", "labkit/models/rollouts.py",
+                 "labkit/models/sampling.py", "labkit/models/scoring.py", "labkit/models/static_sampler.py",
+                 "labkit/models/tokenizer.py", "labkit/train/schedule.py")
+ROLLOUT_CODE = ("labkit/models/shared_prompt.py", "labkit/grpo/checkpoint_curves.py", "labkit/grpo/core.py",
+                "labkit/grpo/loop.py", "labkit/grpo/losses.py", "labkit/grpo/metrics.py", "labkit/grpo/objectives.py",
+                "labkit/grpo/variants.py", "labkit/eval/evaluate.py",
+                "labkit/studies/reward_model.py")  # reward_model finds its policies with evaluate
 # The base's imports that it does not record, because nearly every change to the lab edits one of them and
 # recording them would make each such change re-pretrain the base (100 minutes on one thread).  What they
 # give pretraining is checked instead (see BASE_UNRECORDED_WHY and tests/test_cache_steps.py).
 BASE_UNRECORDED = ("labkit/config.py", "labkit/models/presets.py", "labkit/lab/runs.py", "labkit/lab/state.py", "labkit/models/tokenizer.py")
 BASE_UNRECORDED_WHY = (
-    "Their versions of 2026-12-01 re-pretrained the base bit for bit (same model.safetensors).  What pretraining "
-    "takes from config.py and models.py is the architecture, its initialisation and the two phases' settings "
-    "(PretrainConfig, AnswerPhaseConfig, CORPUS_SEED), and tests check that models.tiny_model_config() still "
-    "equals the committed base's config.json and PretrainConfig() its manifest's config; runs.py and state.py "
-    "check, list and write files; tokenizer.py loads the recorded tokenizer asset, which is a recorded input.")
+    "Their versions of 2026-12-01 re-pretrained the base bit for bit (same model.safetensors), and so did those "
+    "of 2026-12-04 (the re-layout into sub-packages).  What pretraining takes from config.py and "
+    "models/presets.py is the architecture, its initialisation and the two phases' settings (PretrainConfig, "
+    "AnswerPhaseConfig, CORPUS_SEED), and tests check that presets.tiny_model_config() still equals the "
+    "committed base's config.json and PretrainConfig() its manifest's config; lab/runs.py and lab/state.py "
+    "check, list and write files; models/tokenizer.py loads the recorded tokenizer asset, which is a recorded "
+    "input.")
 
 
 @dataclass(frozen=True)

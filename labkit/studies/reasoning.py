@@ -50,7 +50,7 @@ from ..models import presets as models, sampling
 from ..eval import think_profile
 from . import thinking_base
 from ..task import worked
-from ..config import TINY
+from ..config import TINY, ReasoningConfig
 from ..lab.runs import REPO_ROOT, RunFolder, sha256_file, atomic_write_bytes, preset_folder, write_json
 from ..lab.runtime import code_digests, deterministic, environment, seed_everything
 from ..grpo import variants
@@ -99,21 +99,6 @@ class ReasoningRun:
             raise ValueError(f"reasoning run {self.name!r}: base {self.base!r}, expected one of {thinking_base.BASES}")
 
 
-@dataclass(frozen=True)
-class ReasoningConfig:
-    """The budget of every run (the same for all, so that they are compared on equal terms)."""
-
-    prompts_per_iteration: int = 16
-    G: int = 8
-    iterations: int = 40
-    lr: float = 1e-4
-    measure_every: int = 10
-    """iterations between two think profiles on the validation chains (and one before the first)"""
-    profile_draws: int = thinking_base.ThinkingBaseConfig.profile_draws
-    """temperature-1 answers per test chain in the final profile (the bases' own number: paired draws)"""
-    train_chains_per_k: int = thinking_base.TRAIN_CHAINS_PER_K
-
-
 RUNS = (
     ReasoningRun("from_rare_0", "rare_0"),
     ReasoningRun("from_rare_2", "rare_2"),
@@ -136,8 +121,7 @@ def get_run(name: str) -> ReasoningRun:
 def preset_config(cfg: ReasoningConfig):
     """The tiny preset's config with the worked runs' budget (the loss's settings stay the protocol's)."""
     return replace(TINY, prompts_per_iteration=cfg.prompts_per_iteration, grpo_iterations=cfg.iterations,
-                   grpo_lr=cfg.lr, max_response_tokens=worked.WORKED_MAX_RESPONSE_TOKENS,
-                   max_total_tokens=TINY.max_prompt_tokens + worked.WORKED_MAX_RESPONSE_TOKENS)
+                   grpo_lr=cfg.lr, max_response_tokens=worked.WORKED_MAX_RESPONSE_TOKENS)
 
 
 def chain_pool(per_k: int) -> list[dict]:

@@ -44,7 +44,7 @@ import json
 import math
 import random
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from pathlib import Path
 
 import torch
@@ -54,7 +54,7 @@ from ..models import presets as models
 from ..task import problems as task, worked
 from ..eval import think_profile
 from ..train import corpus as corpus_mod
-from ..config import CORPUS_SEED
+from ..config import ReasoningConfig, ThinkingBaseConfig, ThinkingPhase
 from ..train.pretrain import batch_tensors, pack_rows, tokenize_document
 from ..lab.runs import REPO_ROOT, RunFolder, atomic_write_bytes, preset_folder, sha256_file, read_json, write_json
 from ..lab.runtime import code_digests, deterministic, environment, seed_everything
@@ -67,57 +67,6 @@ OOD_SHARE = 0.15  # chains with operands up to OOD_MAX, as the corpus's problems
 VALIDATION_SEED, TEST_SEED, TRAIN_SEED = 410, 411, 412
 PROFILE_CHAINS_PER_K = 25  # test: 25 chains x 8 values of k x `profile_draws` draws
 MEASURE_CHAINS_PER_K = 12  # validation, while training
-
-
-@dataclass(frozen=True)
-class Phase:
-    """One continued pretraining: from `start` ("committed" or another base's name), `steps` updates."""
-
-    name: str
-    start: str
-    steps: int
-    thinking_share: float
-    """of the worked-prompt documents, the share answered with working (the rest: the object alone)"""
-    peak_lr: float
-    final_lr: float
-
-
-@dataclass(frozen=True)
-class ThinkingBaseConfig:
-    """How the thinking bases are made (one config; the phases below)."""
-
-    worked_prompt_share: float = 0.5
-    """share of documents in the worked prompt (working or direct, as the phase says); the rest are the
-    base's own answer-phase documents"""
-    rows_per_step: int = 8
-    """packed rows per update (8 x 384 = 3,072 token slots)"""
-    row_tokens: int = 384
-    """tokens per packed row: more than the longest document (a worked answer to eight movements at OOD
-    magnitudes, with its prompt, takes up to about 260), which `pretrain.pack_rows` could never place"""
-    warmup_steps: int = 50
-    weight_decay: float = 0.01
-    beta1: float = 0.9
-    beta2: float = 0.95
-    grad_clip: float = 1.0
-    seed: int = CORPUS_SEED + 400
-    """the documents' stream (never the corpus, answer-phase or format-base seeds); each phase adds its index"""
-    measure_every: int = 200
-    """updates between two measurements on the validation chains"""
-    profile_draws: int = 8
-    """temperature-1 answers per test chain in the final profile (pass@k up to 8 from the same rows)"""
-    phases: tuple[Phase, ...] = (
-        Phase("skill", "committed", 3000, 1.0, 3e-3, 3e-4),
-        Phase("rare_0", "skill", 300, 0.0, 3e-4, 3e-4),
-        Phase("rare_2", "skill", 300, 0.02, 3e-4, 3e-4),
-        Phase("rare_10", "skill", 300, 0.10, 3e-4, 3e-4),
-        Phase("control", "committed", 300, 0.0, 3e-4, 3e-4),
-    )
-
-    def phase(self, name: str) -> Phase:
-        for p in self.phases:
-            if p.name == name:
-                return p
-        raise ValueError(f"unknown thinking base {name!r}; expected one of {[p.name for p in self.phases]}")
 
 
 BASES = tuple(p.name for p in ThinkingBaseConfig().phases)
@@ -138,13 +87,13 @@ def held_out_keys() -> frozenset:
     return frozenset(keys)
 
 
-TRAIN_CHAINS_PER_K = 100  # GRPO's pool: 800 chains
+TRAIN_CHAINS_PER_K = ReasoningConfig.train_chains_per_k  # GRPO's pool: 800 chains
 
 
 class DocumentStream:
     """The phase's documents, drawn from one seed; no chain among `forbidden` keys."""
 
-    def __init__(self, cfg: ThinkingBaseConfig, phase: Phase, seed: int, forbidden: frozenset):
+    def __init__(self, cfg: ThinkingBaseConfig, phase: ThinkingPhase, seed: int, forbidden: frozenset):
         self.cfg, self.phase, self.forbidden = cfg, phase, forbidden
         self.rng = random.Random(seed)
         self.source = corpus_mod.CorpusGenerator(seed + 1, forbidden)  # the answer phase's documents
@@ -207,7 +156,7 @@ def measure(model, tokenizer, chains: dict[int, list[worked.Chain]], draws: int,
     return summary, rows
 
 
-def train_phase(model, tokenizer, cfg: ThinkingBaseConfig, phase: Phase, index: int, progress: bool = True,
+def train_phase(model, tokenizer, cfg: ThinkingBaseConfig, phase: ThinkingPhase, index: int, progress: bool = True,
                 watch: Path | None = None) -> dict:
     """Continue pretraining `model` in place through one phase; returns {"log", "counts", "steps"}.
     watch: a file that gets each log line as it comes (to follow a run in a worker process)."""
@@ -254,7 +203,7 @@ def default_run_dir(preset: str, name: str) -> Path:
     return preset_folder(preset, "thinking") / name
 
 
-def start_file(preset: str, phase: Phase) -> Path:
+def start_file(preset: str, phase: ThinkingPhase) -> Path:
     """The model a phase continues: the committed base, or another thinking base (finished, digest checked)."""
     if phase.start == "committed":
         return models.TINY_BASE_STATE

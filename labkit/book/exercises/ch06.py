@@ -291,7 +291,7 @@ def check_ch06_grpo_loss(grpo_loss, batch: dict | None = None) -> bool:
     """Grade the GRPO-loss exercise: the clipped surrogate reduced token -> response -> prompt, plus
     kl_coef x the exact per-prefix KL(current || reference), on a real batch of the cached run.
 
-    The value must equal `labkit.grpo.loop.objective_loss`'s (the protocol's variant) within 1e-9 (float64) and so must its gradient
+    The value must equal `labkit.grpo.core.objective_loss`'s (the protocol's variant) within 1e-9 (float64) and so must its gradient
     with respect to the current policy's logits; a wrong value is matched against the named slips
     (the sign of A, no min, the max, a mean over all tokens, the KL reversed, missing or of the
     wrong sign, the objective returned instead of the loss)."""
@@ -334,7 +334,7 @@ def check_ch06_grpo_loss(grpo_loss, batch: dict | None = None) -> bool:
                             "Only logp_old, the advantages and the reference are constants.")
     clipped = int(((torch.exp(logp_cur.detach() - b["logp_old"]) - 1).abs() > b["clip_eps"])[b["mask"]].sum())
     print(f"Correct: your grpo_loss gives {got.item():.6f} on {rows} real rollouts ({int(b['mask'].sum())} tokens, "
-          f"{clipped} outside the clip interval), equal to labkit.grpo.loop.objective_loss in value and gradient.")
+          f"{clipped} outside the clip interval), equal to labkit.grpo.core.objective_loss in value and gradient.")
     return True
 
 
