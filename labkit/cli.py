@@ -86,6 +86,7 @@ def cmd_sft(args: argparse.Namespace) -> int:
     """Warm start or additional SFT of a preset (labkit.train.sft), or one resume check of it."""
     import torch
 
+    from .lab.skeleton import Interrupted
     from .train import sft
 
     if args.threads is not None:
@@ -98,7 +99,9 @@ def cmd_sft(args: argparse.Namespace) -> int:
             validation_limit=args.validation_limit, device=args.device, overwrite=args.overwrite, restart=args.restart,
             progress=not args.no_progress, greedy_eval=not args.no_greedy_eval,
         )
-    except KeyboardInterrupt:
+    except Interrupted:
+        raise  # a first Ctrl-C: the update finished, its state saved, and the message names it
+    except KeyboardInterrupt:  # a second Ctrl-C, in the middle of an update
         raise KeyboardInterrupt(sft_resume_hint(args.run_dir or sft.default_run_dir(args.preset, branch))) from None
     nll = ", ".join(f"{v['nll']:.4f}" for v in manifest["validation_nll"])
     greedy = manifest.get("validation_greedy")
@@ -134,14 +137,16 @@ def cmd_sft_resume_check(args: argparse.Namespace) -> int:
 
 
 def sft_resume_hint(run_dir) -> str:
-    """What a Ctrl-C in SFT leaves and how to go on: its states are saved after every epoch."""
-    from .lab.runs import display_path
+    """What a second Ctrl-C in SFT leaves and how to go on: the newest state in its ledger (saved after each
+    epoch, and every few minutes between)."""
+    from .lab.runs import RunFolder, display_path
 
-    states = sorted(Path(run_dir).glob("states/epoch-*.pt.gz"), key=lambda p: int(p.name[6:-6]))
+    listed = [Path(run_dir) / name for name in RunFolder(run_dir).ledger()["files"] if name.startswith("states/")]
+    states = sorted((p for p in listed if p.is_file()), key=lambda p: p.stat().st_mtime)
     if not states:
-        return "no epoch had finished, so no state was saved: run the same command with --restart"
-    return (f"the newest state is {display_path(states[-1])} (saved after each epoch): continue with the same "
-            f"command and --resume-from {display_path(states[-1])}")
+        return "no state had been saved yet: run the same command with --restart"
+    return (f"the newest state is {display_path(states[-1])}: continue with the same command and "
+            f"--resume-from {display_path(states[-1])}")
 
 
 def check_learning_data() -> None:
@@ -820,7 +825,7 @@ def main(argv: list[str] | None = None) -> int:
 
     try:
         return _run(args)
-    except KeyboardInterrupt as err:  # labkit.grpo.loop.Interrupted says which state to resume from
+    except KeyboardInterrupt as err:  # labkit.lab.skeleton.Interrupted says which state to resume from
         if os.environ.get("LABKIT_TRACEBACK"):
             raise
         print(f"interrupted: {err}" if str(err) else "interrupted (Ctrl-C)", file=sys.stderr)

@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from labkit.grpo import core, loop as grpo, losses
+from labkit.lab import skeleton
 from labkit.models import presets as models
 from labkit.lab import state as state_lib
 from labkit.lab.runs import sha256_file
@@ -283,7 +284,7 @@ def test_a_resume_that_would_stop_before_its_state_is_refused_and_changes_nothin
 
 def test_resume_takes_the_newest_state_and_autosaves_go_once_the_run_finishes(tmp_path, start_file, continuous,
                                                                               monkeypatch):
-    monkeypatch.setattr(grpo, "AUTOSAVE_ITERATIONS", 1)  # a state after every iteration
+    monkeypatch.setattr(skeleton, "AUTOSAVE_EVERY", 1)  # a state after every iteration
     folder = tmp_path / "run"
     run(folder, start_file, stop_after=2)  # iteration 1's autosave goes once iteration 2's state is saved
     assert sorted(p.name for p in (folder / "states").iterdir()) == ["iter-002.pt.gz"]

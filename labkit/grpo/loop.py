@@ -14,19 +14,18 @@ iteration written to disk as it ends, autosaved, Ctrl-C finishing the current on
 
 from __future__ import annotations
 
-import signal
-import threading
 import time
 from pathlib import Path
 
 import torch
 
 from ..config import PresetConfig, get_preset
-from ..lab import state as state_lib
-from ..lab.runs import (REPO_ROOT, ArtifactError, RunFolder, UnfinishedRunError, display_path, is_finished,
+from ..lab import skeleton, state as state_lib
+from ..lab.runs import (REPO_ROOT, ArtifactError, RunFolder, display_path, is_finished,
                         preset_folder, read_json, run_path, same_folder, write_json)
 from ..lab.runtime import code_digests, data_digests, environment, seed_everything
 from ..lab.runtime import deterministic as deterministic_algorithms
+from ..lab.skeleton import Autosave, DeferredInterrupt, holding, refuse_earlier_attempt
 from ..models import presets as models
 from ..task import data
 from . import checkpoint_curves
@@ -103,18 +102,6 @@ def _check_options(config: PresetConfig, G: int, total_iterations: int, stop_aft
     return total_iterations if stop_after is None else stop_after
 
 
-# A long run saves a resumable state on its own, every AUTOSAVE_ITERATIONS iterations or
-# AUTOSAVE_SECONDS of wall time, whichever comes first, so that a crash or a Ctrl-C loses at
-# most that much.  Only the newest such state is kept, and none once the run has finished
-# (states asked for with save_states_at, and the last one, are always kept).
-AUTOSAVE_ITERATIONS = 10
-AUTOSAVE_SECONDS = 300.0
-
-
-class Interrupted(KeyboardInterrupt):
-    """Ctrl-C stopped a run; the message says which state to resume from, and how."""
-
-
 def newest_state(folder: RunFolder) -> Path | None:
     """The run folder's state of the latest iteration that its ledger lists, or None."""
     listed = [name for name in folder.ledger()["files"] if name.startswith("states/iter-")]
@@ -143,12 +130,7 @@ def _prepare_folder(folder: RunFolder, loop: Loop, resume_from: Path | None, res
     from is never deleted.  A fresh start into a folder an unfinished attempt left is refused
     unless `restart` says to delete that attempt."""
     in_own_folder = resume_from is not None and same_folder(resume_from.parent.parent, folder.path)
-    if resume_from is None and not restart:
-        attempt = _earlier_attempt(folder)
-        if attempt:
-            raise UnfinishedRunError(
-                f"{display_path(folder.path)} holds an unfinished attempt ({attempt}): pass --resume to continue "
-                "from its newest state, or --restart to delete it and start afresh")
+    refuse_earlier_attempt(folder, _earlier_attempt(folder), resume_from is not None, restart)
     first_iteration, evidence = loop.restore(resume_from) if resume_from is not None else (0, {})
     if stop_after is not None and first_iteration >= stop_after:  # checked before anything in the folder is cut
         raise ValueError(f"stop_after {stop_after}: {display_path(resume_from)} is already after iteration "
@@ -194,7 +176,7 @@ def run_grpo(
     group_size      G (default: the preset's 4); iterations: default the preset's 100
     stop_after      stop after this many iterations (saving the state); the run is then not finished
     save_states_at  iterations after which to save a full state (the last is always saved; a
-                    state is also saved every AUTOSAVE_ITERATIONS or AUTOSAVE_SECONDS, kept until
+                    state is also saved every skeleton.AUTOSAVE_EVERY iterations or AUTOSAVE_SECONDS, kept until
                     the run finishes)
     resume_from     a state file of the same run to continue from, with fresh objects
     resume          continue from the newest state in `run_dir` (an unfinished attempt's)
@@ -209,9 +191,9 @@ def run_grpo(
                     (`labkit.models.shared_prompt`: equal within float32 rounding, about 3.5x faster at G=8);
                     the protocol's run keeps the plain path, as it keeps the reference sampler
 
-    One process writes a run folder at a time (`runs.hold_folder`).  Ctrl-C finishes the current
-    iteration, saves its state and raises `Interrupted` saying how to resume (a second Ctrl-C
-    stops at once; the newest saved state is then the one to resume from).
+    The run's life is `labkit.lab.skeleton`'s: one process writes a run folder at a time; Ctrl-C
+    finishes the current iteration, saves its state and raises `skeleton.Interrupted` saying how to
+    resume (a second Ctrl-C stops at once; the newest saved state is then the one to resume from).
     """
     config = get_preset(config) if isinstance(config, str) else config
     G = config.group_size if group_size is None else group_size
@@ -219,8 +201,7 @@ def run_grpo(
     end_iteration = _check_options(config, G, total_iterations, stop_after, save_states_at)
     if resume and resume_from is not None:
         raise ValueError("resume and resume_from: give one (--resume takes the folder's newest state)")
-    folder = RunFolder(run_dir or default_run_dir(config.name, G)).open_for_writing(overwrite)
-    try:
+    with holding(RunFolder(run_dir or default_run_dir(config.name, G)), overwrite) as folder:
         if resume:
             resume_from = newest_state(folder)
             if resume_from is None:
@@ -246,19 +227,16 @@ def run_grpo(
             write_json(folder / f"stopped-at-{end_iteration:03d}.json", summary)
             return summary
         return finish_run(folder, loop, first_in_folder, resume_from, summary)
-    finally:
-        folder.release()
 
 
 def _iterate(folder: RunFolder, loop: Loop, first_iteration: int, end_iteration: int, save_states_at,
              sampler: str, progress: bool, curves: "CheckpointCurves") -> list[dict]:
     """Iterations first_iteration+1..end_iteration, each written to disk as it ends; the states saved
-    (requested ones and the last; autosaves come and go).  Ctrl-C: see `run_grpo`."""
+    (requested ones and the last; autosaves come and go: `labkit.lab.skeleton`).  Ctrl-C: see `run_grpo`."""
     state_files: list[dict] = []
-    autosaved: Path | None = None
-    last_save = time.monotonic()
     bar = _progress_bar(progress, first_iteration, end_iteration, loop.G)
-    with deterministic_algorithms(), _DeferredInterrupt() as interrupt:
+    with deterministic_algorithms(), DeferredInterrupt() as interrupt:
+        autosave = Autosave(folder, interrupt, skeleton.AUTOSAVE_EVERY, skeleton.AUTOSAVE_SECONDS)
         curves.maybe_measure(folder, first_iteration, at_start=True)
         for iteration in range(first_iteration, end_iteration):
             record, rows, timings = run_iteration(loop, iteration, sampler)
@@ -269,51 +247,17 @@ def _iterate(folder: RunFolder, loop: Loop, first_iteration: int, end_iteration:
             done = iteration + 1
             if done in save_states_at or done == end_iteration:
                 state_files.append(save_loop_state(folder, loop, done))
-                last_save = time.monotonic()
-            elif interrupt.requested or done % AUTOSAVE_ITERATIONS == 0 \
-                    or time.monotonic() - last_save > AUTOSAVE_SECONDS:
-                saved = save_loop_state(folder, loop, done)
-                if autosaved is not None:
-                    folder.forget(str(autosaved.relative_to(folder.path)))
-                autosaved, last_save = folder / saved["path"], time.monotonic()
-            if interrupt.requested and done < end_iteration:
-                newest = newest_state(folder)
-                raise Interrupted(f"interrupted after iteration {done}: its state is "
-                                  f"{display_path(newest)}; continue with the same command and --resume")
+                autosave.kept()
+            elif autosave.due(done):
+                autosave.saved(save_loop_state(folder, loop, done)["path"])
+            autosave.stop_if_asked(done, end_iteration, newest_state(folder), "iteration", "--resume")
             bar.update(1)
             bar.set_postfix(reward=f"{record['reward']:.2f}",
                             kl="no update" if record["kl"] is None else f"{record['kl']:.2e}",
                             zero_std=f"{record['frac_reward_zero_std']:.2f}")
     bar.close()
-    if autosaved is not None:  # the run reached its end: the requested states and the last one stay
-        folder.forget(str(autosaved.relative_to(folder.path)))
+    autosave.finish()  # the run reached its end: the requested states and the last one stay
     return state_files
-
-
-class _DeferredInterrupt:
-    """While active (in the main thread), a first Ctrl-C only asks the loop to stop after the current
-    iteration, whose state is then saved; a second one interrupts at once."""
-
-    def __init__(self):
-        self.requested, self._previous = False, None
-
-    def _handle(self, signum, frame):
-        if self.requested:
-            raise Interrupted("interrupted during an iteration (Ctrl-C twice): resume from the newest saved state "
-                              "with the same command and --resume")
-        self.requested = True
-        print("\nCtrl-C: finishing this iteration, then saving its state (Ctrl-C again to stop at once)",
-              flush=True)
-
-    def __enter__(self):
-        if threading.current_thread() is threading.main_thread():
-            self._previous = signal.signal(signal.SIGINT, self._handle)
-        return self
-
-    def __exit__(self, *exc):
-        if self._previous is not None:
-            signal.signal(signal.SIGINT, self._previous)
-        return False
 
 
 class CheckpointCurves:

@@ -63,6 +63,8 @@ from ..lab.runs import (REPO_ROOT, RunFolder, UnfinishedRunError, display_path, 
                    run_path, same_folder, sha256_file, write_json)
 from ..lab.runtime import code_digests, data_digests, environment, seed_everything
 from ..lab.runtime import deterministic as deterministic_algorithms
+from ..lab import skeleton
+from ..lab.skeleton import Autosave, DeferredInterrupt, holding
 from .schedule import clipped_step, warmup_linear_decay, warmup_updates
 
 BRANCHES = ("warm_start", "sft")
@@ -255,16 +257,21 @@ def state_path(run_dir: Path, epoch: int) -> Path:
     return Path(run_dir) / "states" / f"epoch-{epoch}.pt.gz"
 
 
-def _epoch_of(state_file: Path) -> int:
-    """The epoch a state file was saved after, from its name (states/epoch-<k>.pt.gz)."""
+def _updates_at(state_file: Path, plan: "Plan") -> int:
+    """How many updates a state file was saved after, from its name: states/epoch-<k>.pt.gz (after epoch k)
+    or states/update-<n>.pt.gz (an autosave after update n)."""
     try:
-        return int(state_file.name.split("-")[1].split(".")[0])
-    except (IndexError, ValueError):
-        raise ValueError(f"{state_file}: not an SFT state name (states/epoch-<k>.pt.gz)") from None
+        kind, number = state_file.name.split(".")[0].split("-")
+        return {"epoch": int(number) * plan.updates_per_epoch, "update": int(number)}[kind]
+    except (KeyError, ValueError):
+        raise ValueError(f"{state_file}: not an SFT state name (states/epoch-<k>.pt.gz or "
+                         "states/update-<n>.pt.gz)") from None
 
 
 # What a fresh attempt clears from an unfinished (or explicitly overwritten) folder.
-ATTEMPT_FILES = ("history.json", "model.safetensors", "manifest.json", "resume_report.json", "states/epoch-*.pt.gz")
+ATTEMPT_FILES = ("history.json", "model.safetensors", "manifest.json", "resume_report.json", "states/epoch-*.pt.gz",
+                 "states/update-*.pt.gz")
+STATE_GLOBS = ("epoch-*.pt.gz", "update-*.pt.gz")
 
 
 def start_model_factory(preset: str, branch: str, device: str | None = None) -> tuple[ModelFactory, str]:
@@ -358,10 +365,10 @@ class Branch:
 
 
 def _open_folder(branch: str, plan: Plan, folder: RunFolder, stop_after_epochs, validation_limit, resume_from,
-                 overwrite: bool, restart: bool = False) -> Path | None:
-    """Refuse bad options before any work; open the folder, clearing an earlier attempt's files
+                 restart: bool) -> Path | None:
+    """Refuse bad options before any work; in the held folder, clear an earlier attempt's files
     (a fresh start into a folder that holds an attempt's states is refused unless `restart` or
-    `overwrite`: states are never deleted silently)."""
+    an overwrite: states are never deleted silently)."""
     if stop_after_epochs is not None and not 1 <= stop_after_epochs < plan.epochs:
         raise ValueError(f"stop_after_epochs must lie in 1..{plan.epochs - 1} for {branch}, got {stop_after_epochs}")
     if validation_limit is not None and validation_limit < 1:
@@ -371,17 +378,18 @@ def _open_folder(branch: str, plan: Plan, folder: RunFolder, stop_after_epochs, 
         if not resume_from.is_file():
             raise FileNotFoundError(f"--resume-from {resume_from}: no such state file (states are in <run>/states/)")
         data.check_path_access("learning", resume_from)
-    run_dir = folder.open_for_writing(overwrite).path
-    states = sorted(folder.states.glob("epoch-*.pt.gz"), key=_epoch_of)
-    if resume_from is None and states and not (restart or overwrite):
+    run_dir = folder.path
+    states = sorted((p for pattern in STATE_GLOBS for p in folder.states.glob(pattern)),
+                    key=lambda p: _updates_at(p, plan))
+    if resume_from is None and states and not restart:
         raise UnfinishedRunError(
             f"{display_path(run_dir)} holds an unfinished attempt (newest state "
             f"{states[-1].relative_to(run_dir)}): pass --resume-from {display_path(states[-1])} to continue it, "
             "or --restart to delete it and start afresh")
     if resume_from is not None and same_folder(resume_from.parent.parent, run_dir):  # links and `..` resolved
-        # Resuming in the run's own folder: states of later epochs belong to a lost attempt,
-        # and so do the half-written files of a killed write (atomic_write_bytes' temporaries).
-        removed = [p for p in folder.states.glob("epoch-*.pt.gz") if _epoch_of(p) > _epoch_of(resume_from)]
+        # Resuming in the run's own folder: states after it belong to a lost attempt, and so do the
+        # half-written files of a killed write (atomic_write_bytes' temporaries).
+        removed = [p for p in states if _updates_at(p, plan) > _updates_at(resume_from, plan)]
         removed += list(folder.path.glob(".*.tmp")) + list(folder.states.glob(".*.tmp"))
         for path in removed:
             path.unlink()
@@ -414,13 +422,19 @@ def start_branch(config: PresetConfig, plan: Plan, model_factory: ModelFactory, 
                   validation=validation, identity=identity, initial_digest=initial_digest, was_training=was_training)
 
 
-def run_epoch(b: Branch, epoch: int, bar) -> dict:
-    """One epoch of updates on a fresh permutation, then the validation NLL; returns its times."""
+def run_epoch(b: Branch, epoch: int, bar, after_update: Callable[[], None] | None = None) -> dict:
+    """One epoch of updates on a fresh permutation, then the validation NLL; returns its times.
+
+    A branch restored from an autosave inside `epoch` continues that epoch's permutation from its
+    cursor (the generator already drew it).  after_update(): called after each update (the autosave)."""
     t0 = time.perf_counter()
-    permutation = torch.randperm(len(b.examples), generator=b.order_generator).tolist()
-    b.data_order = {"epoch": epoch, "permutation": permutation, "cursor": 0}
+    if not (b.data_order["epoch"] == epoch and b.data_order["cursor"] > 0):
+        permutation = torch.randperm(len(b.examples), generator=b.order_generator).tolist()
+        b.data_order = {"epoch": epoch, "permutation": permutation, "cursor": 0}
+    permutation = b.data_order["permutation"]
     pad_id = b.tokenizer.pad_token_id
-    for _ in range(b.plan.updates_per_epoch):
+    done_before = b.progress["updates_done"] - (epoch - 1) * b.plan.updates_per_epoch  # this epoch's, if resumed
+    for _ in range(done_before, b.plan.updates_per_epoch):
         chosen = permutation[b.data_order["cursor"]: b.data_order["cursor"] + b.plan.batch_size]
         b.data_order["cursor"] += len(chosen)
         record = sft_update(b.model, b.optimizer, [b.examples[i] for i in chosen], pad_id, b.plan,
@@ -430,6 +444,8 @@ def run_epoch(b: Branch, epoch: int, bar) -> dict:
         b.consumed.extend(f"epoch-{epoch}/{b.examples[i].id}" for i in chosen)
         bar.update(1)
         bar.set_postfix(epoch=epoch, loss=f"{record['loss']:.4f}", lr=f"{record['learning_rate']:.2e}")
+        if after_update is not None:
+            after_update()
     train_seconds = time.perf_counter() - t0
     t0 = time.perf_counter()
     b.progress["validation"].append({"epoch": epoch, **validation_nll(b.model, b.validation, pad_id)})
@@ -469,7 +485,16 @@ def run_branch(
     check_branch(branch)
     plan = make_plan(config, branch)
     folder = RunFolder(run_dir if run_dir is not None else default_run_dir(config.name, branch))
-    resume_from = _open_folder(branch, plan, folder, stop_after_epochs, validation_limit, resume_from, overwrite, restart)
+    with holding(folder, overwrite):
+        resume_from = _open_folder(branch, plan, folder, stop_after_epochs, validation_limit, resume_from,
+                                   restart or overwrite)
+        return _train_branch(config, branch, plan, folder, model_factory, start_description, stop_after_epochs,
+                             resume_from, validation_limit, device, progress, greedy_eval)
+
+
+def _train_branch(config: PresetConfig, branch: str, plan: Plan, folder: RunFolder, model_factory, start_description,
+                  stop_after_epochs, resume_from, validation_limit, device, progress: bool, greedy_eval: bool) -> dict:
+    """Stages 1-4 of `run_branch` in its held folder."""
     began = time.perf_counter()
 
     # Stage 1: the starting model, the data, the plan
@@ -494,28 +519,51 @@ def run_branch(
         seed_everything(config.seed)
     resumed = b.restore(resume_from) if resume_from is not None else None
 
-    # Stage 3: epochs of updates; validation and a full state after each epoch
+    # Stage 3: epochs of updates; validation and a full state after each epoch, autosaves between
+    # (labkit.lab.skeleton: by the clock, and on Ctrl-C, which then stops after the current update)
     stop = stop_after_epochs or plan.epochs
     if stop <= b.progress["epochs_done"]:
         raise ValueError(f"the state is after epoch {b.progress['epochs_done']}; nothing to do up to epoch {stop}")
     state_files = {}
-    with deterministic_algorithms():
+    with deterministic_algorithms(), DeferredInterrupt() as interrupt:
+        autosave = Autosave(folder, interrupt, None, skeleton.AUTOSAVE_SECONDS)
+        end = stop * plan.updates_per_epoch
+
+        def after_update() -> None:
+            done = b.progress["updates_done"]
+            if done < end and autosave.due(done):
+                name = save_update_state(folder, b)
+                autosave.saved(name)
+                autosave.stop_if_asked(done, end, folder / name, "update", f"--resume-from {display_path(folder / name)}")
+
         if not b.progress["validation"]:
             t0 = time.perf_counter()
             b.progress["validation"].append({"epoch": 0, **validation_nll(b.model, b.validation, b.tokenizer.pad_token_id)})
             times["epochs"].append({"epoch": 0, "train_seconds": 0.0, "validation_seconds": time.perf_counter() - t0})
         bar = _progress_bar(plan, b.progress["updates_done"], stop, progress)
         for epoch in range(b.progress["epochs_done"] + 1, stop + 1):
-            epoch_times = run_epoch(b, epoch, bar)
+            epoch_times = run_epoch(b, epoch, bar, after_update)
             name, saved = save_epoch_state(folder, b, epoch, epoch_times)
             state_files[name] = saved
+            autosave.kept()
             times["epochs"].append(epoch_times)
             tqdm_write(bar, f"{branch} epoch {epoch}: validation NLL {b.progress['validation'][-1]['nll']:.4f}")
+            autosave.stop_if_asked(b.progress["updates_done"], end, folder / name, "epoch",
+                                   f"--resume-from {display_path(folder / name)}")
         bar.close()
+    autosave.finish()
     if b.was_training:
         b.model.train()  # hand the model back as it came (it stays trained)
     return finish_branch(folder, b, model_factory, stop, start_description, start_greedy, resumed, greedy_eval,
                          state_files, times, began)
+
+
+def save_update_state(folder: RunFolder, b: Branch) -> str:
+    """An autosave: the full resumable state after the branch's latest update, registered in the ledger."""
+    name = f"states/update-{b.progress['updates_done']:05d}.pt.gz"
+    saved = state_lib.save_state(folder / name, b.capture())
+    folder.register(name, saved["sha256"])
+    return name
 
 
 def save_epoch_state(folder: RunFolder, b: Branch, epoch: int, times: dict) -> tuple[str, dict]:
