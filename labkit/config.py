@@ -58,7 +58,7 @@ class PresetConfig:
     # -- sequence limits (both presets) ----------------------------------------
     max_prompt_tokens: int = 256
     """longest chat prompt, in tokens; a longer statement is refused"""
-    max_response_tokens: int = 64
+    max_new_tokens: int = 64
     """generation stops here (finish_reason "length") if no EOS came"""
     max_total_tokens: int = 320
     """prompt + response, the longest row any batch holds"""

@@ -640,7 +640,7 @@ def prepare_grpo(s: Smoke) -> None:
     """GRPO's stage 0 after the two loads, by `core.new_loop` (the second half of `grpo.start_loop`):
     AdamW, pool, prompt order, generation generator and identity in a `core.Loop`, whose `capture`
     makes the run's state; then iteration 1's prompts and seeds by `core.draw_prompts`."""
-    config = s.config.with_overrides(max_response_tokens=s.max_new_tokens)
+    config = s.config.with_overrides(max_new_tokens=s.max_new_tokens)
     seed_everything(config.seed)
     s.loop = core.new_loop(config, config.group_size, config.grpo_iterations, s.model, s.reference, s.tokenizer,
                            s.start_digest, start_label="smoke warm start", sampler="reference", device=s.device,
@@ -954,7 +954,7 @@ REWARDS = ("synthetic", "verifier")
 def check_arguments(preset: str, random_weights: bool, device: str, layers: int, max_new_tokens: int,
                     eval_problems: int, rewards: str, head_dim: int = QWEN_HEAD_DIM) -> None:
     """Refuse (ValueError) what the smoke cannot do, naming the value and the rule."""
-    from .models.rollouts import MAX_NEW_TOKENS
+    from .models.scoring import MAX_NEW_TOKENS
 
     if preset != "qwen":
         raise ValueError(f"--preset {preset!r}: the smoke builds the qwen architecture (the tiny preset runs "
@@ -1001,7 +1001,7 @@ def run_smoke(preset: str = "qwen", *, random_weights: bool = True, device: str 
     """
 
     device = device or models.default_device("qwen")
-    max_new_tokens = max_new_tokens or (CPU_MAX_NEW_TOKENS if device == "cpu" else get_preset("qwen").max_response_tokens)
+    max_new_tokens = max_new_tokens or (CPU_MAX_NEW_TOKENS if device == "cpu" else get_preset("qwen").max_new_tokens)
     check_arguments(preset, random_weights, device, layers, max_new_tokens, eval_problems, rewards, head_dim)
     run_dir = ensure_not_finished(run_dir or default_run_dir(device, layers, head_dim))
     models.disable_tf32()  # FP32 means FP32 (the qwen loader does the same)

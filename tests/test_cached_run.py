@@ -58,7 +58,7 @@ def test_the_main_grpo_run_has_1600_rollouts_and_200_updates_none_optimised_twic
     for h in history:  # the pre-update check held at every iteration
         assert h["logprob_check/max_abs_diff"] <= 2e-4
     columns = {"rollout_id", "iteration", "problem_id", "response_ids", "text", "finish_reason",
-               "tokenization_valid", "old_logprobs", "reward", "advantage"}
+               "tokenization_valid", "logp_old", "reward", "advantage"}
     assert columns <= set(rollouts[0])
 
 

@@ -31,8 +31,8 @@ def test_every_field_has_a_one_line_docstring(cls):
 
 
 def test_modules_read_their_limits_and_batch_sizes_from_the_config():
-    assert (scoring.MAX_PROMPT_TOKENS, scoring.MAX_RESPONSE_TOKENS, scoring.MAX_TOTAL_TOKENS) == (
-        QWEN.max_prompt_tokens, QWEN.max_response_tokens, QWEN.max_total_tokens)
+    assert (scoring.MAX_PROMPT_TOKENS, scoring.MAX_NEW_TOKENS, scoring.MAX_TOTAL_TOKENS) == (
+        QWEN.max_prompt_tokens, QWEN.max_new_tokens, QWEN.max_total_tokens)
     assert sampling.LOGPROB_TOLERANCE == QWEN.logprob_check_tol
     assert evaluate.DEFAULT_BATCH_SIZE == agreement.DEFAULT_BATCH_SIZE == QWEN.eval_batch_size
     assert sft.VALIDATION_BATCH == QWEN.validation_batch_size

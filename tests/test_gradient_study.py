@@ -68,7 +68,7 @@ def test_a_batch_gradient_is_the_clipped_surrogates_at_ratio_one():
     model.eval()
     tokenizer = load_tiny_tokenizer()
     chosen = [{"id": f"p{k}", "statement": f"Start with {k + 3} items.", "problem": None} for k in range(2)]
-    from labkit.models import rollouts, sampling
+    from labkit.models import sampling
 
     original, calls = sampling.verifier.score, []
 
@@ -87,7 +87,7 @@ def test_a_batch_gradient_is_the_clipped_surrogates_at_ratio_one():
     prompts = [scoring.build_prompt_ids(tokenizer, p["statement"]) for p in chosen]
     # the same rollouts again: the sampler is seeded per response
     rollouts = sampling.get_sampler("fast")(model, tokenizer, [q for q in prompts for _ in range(2)], [1, 2, 3, 4],
-                                            max_new_tokens=rollouts.MAX_NEW_TOKENS)
+                                            max_new_tokens=scoring.MAX_NEW_TOKENS)
     batch = scoring.make_batch([r.prompt_ids for r in rollouts], [r.response_ids for r in rollouts],
                                tokenizer.pad_token_id)
     logp, _ = scoring.response_logprobs(model, batch)

@@ -12,15 +12,15 @@ from labkit.lab.runs import RunExistsError, read_json, write_json
 
 # Short responses and few iterations keep the test fast: the exercise's logic does not depend on them.
 # Curves on 4 fixed problems, not 64: they run in every branch, at a second instead of ~14 per run.
-SMALL = TINY.with_overrides(max_response_tokens=6, grpo_lr=1e-3, checkpoint_problems=4)
+SMALL = TINY.with_overrides(max_new_tokens=6, grpo_lr=1e-3, checkpoint_problems=4)
 ITERATIONS = 2
 
 
 # -- 1. constant groups ---------------------------------------------------------------------------
 
 
-def test_constant_groups_have_exactly_zero_advantages_and_gradients():
-    rows = {r["case"]: r for r in gs.constant_group_table()}
+def test_zero_variance_groups_have_exactly_zero_advantages_and_gradients():
+    rows = {r["case"]: r for r in gs.zero_variance_group_table()}
     for case in ("all wrong", "all right"):
         r = rows[case]
         assert r["zero_variance"] is True
@@ -191,11 +191,11 @@ def test_a_bonus_reward_is_refused():
 
 
 def test_zero_signal_fraction_and_its_checker():
-    assert gs.zero_signal_fraction(0.5, 2) == 0.5
-    assert gs.zero_signal_fraction(0.0, 8) == gs.zero_signal_fraction(1.0, 8) == 1.0
-    assert gs.zero_signal_fraction(0.1, 4) == pytest.approx(0.1 ** 4 + 0.9 ** 4, abs=0)
+    assert gs.expected_frac_reward_zero_std(0.5, 2) == 0.5
+    assert gs.expected_frac_reward_zero_std(0.0, 8) == gs.expected_frac_reward_zero_std(1.0, 8) == 1.0
+    assert gs.expected_frac_reward_zero_std(0.1, 4) == pytest.approx(0.1 ** 4 + 0.9 ** 4, abs=0)
     with pytest.raises(ValueError, match="success rate"):
-        gs.zero_signal_fraction(1.5, 4)
+        gs.expected_frac_reward_zero_std(1.5, 4)
     assert exercises.check_ch08_zero_signal(lambda p, G: p ** G + (1 - p) ** G) is True
     with pytest.raises(exercises.ExerciseError, match="all-wrong group has zero variance too"):
         exercises.check_ch08_zero_signal(lambda p, G: p ** G)

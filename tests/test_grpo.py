@@ -24,7 +24,7 @@ def start_file(tmp_path_factory):
 
 # Short responses keep the test fast: the loop logic does not depend on the length.
 # Curves every iteration on 6 fixed problems: their records are tested, at little cost.
-SMALL = TINY.with_overrides(max_response_tokens=6, grpo_lr=1e-3, checkpoint_every=1, checkpoint_problems=6)
+SMALL = TINY.with_overrides(max_new_tokens=6, grpo_lr=1e-3, checkpoint_every=1, checkpoint_problems=6)
 
 
 def run(tmp, start_file, **kw):
@@ -48,7 +48,7 @@ def test_counts_roles_and_rollout_records(continuous):
     rows = grpo.read_rollouts(folder)
     assert len(rows) == 24 and len({r["rollout_id"] for r in rows}) == 24
     for key in ("rollout_id", "iteration", "problem_id", "response_ids", "text", "finish_reason",
-                "tokenization_valid", "old_logprobs", "reward", "advantage"):
+                "tokenization_valid", "logp_old", "reward", "advantage"):
         assert key in rows[0]
     history = json.loads((folder / "history.json").read_text())
     assert [h["iteration"] for h in history] == [1, 2, 3]
@@ -323,8 +323,8 @@ def test_the_batched_samplers_train_the_protocols_policy(tmp_path, start_file, c
     manifest = run(tmp_path / "run", start_file, sampler=sampler)
     assert manifest["final_digest"] == continuous[1]["final_digest"]
     # the sampler's own log-probs differ in float rounding only (the pre-update check's tolerance)
-    own = ("sampler", "seconds", "old_logprobs")
+    own = ("sampler", "seconds", "logp_old")
     strip = lambda rows: [{k: v for k, v in r.items() if k not in own} for r in rows]  # noqa: E731
     rows, protocol = grpo.read_rollouts(tmp_path / "run"), grpo.read_rollouts(continuous[0])
     assert strip(rows) == strip(protocol)
-    assert max(abs(a - b) for r, q in zip(rows, protocol) for a, b in zip(r["old_logprobs"], q["old_logprobs"])) <= 2e-4
+    assert max(abs(a - b) for r, q in zip(rows, protocol) for a, b in zip(r["logp_old"], q["logp_old"])) <= 2e-4

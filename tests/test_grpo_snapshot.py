@@ -96,7 +96,7 @@ def test_an_iteration_runs_three_scoring_forwards(tmp_path, monkeypatch):
         return original(model, batch)
 
     monkeypatch.setattr(scoring, "response_logits", counting)
-    small = TINY.with_overrides(max_response_tokens=4, checkpoint_every=0)  # the curves score with forwards of their own
+    small = TINY.with_overrides(max_new_tokens=4, checkpoint_every=0)  # the curves score with forwards of their own
     grpo.run_grpo(small, tmp_path / "run", group_size=2, iterations=2, start_file=start, progress=False)
     B = small.prompts_per_iteration * 2
     assert [rows for _, rows in calls] == [B] * 6, calls

@@ -41,7 +41,7 @@ def test_alternating_group_is_close_to_plus_minus_one_but_not_exactly():
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.int64])
-def test_constant_groups_give_exact_zeros(dtype):
+def test_zero_variance_groups_give_exact_zeros(dtype):
     rewards = torch.tensor([[0, 0, 0, 0], [1, 1, 1, 1], [1, 0, 1, 0]], dtype=dtype)
     adv = group_advantages(rewards)
     assert torch.equal(adv[:2], torch.zeros(2, 4, dtype=torch.float64))
@@ -455,7 +455,7 @@ def test_the_constant_reduction_divides_by_rows_times_the_limit():
     mask = torch.tensor([[1, 1, 0], [1, 0, 0]])
     assert float(losses.constant_mean(values, mask, 4)) == (1 + 2 + 4) / (2 * 4)  # padding (even nan) never counts
     assert float(losses.reduce(values, mask, None, "constant", 4)) == 7 / 8
-    with pytest.raises(ValueError, match="max_response_tokens must be >= the 3 positions"):
+    with pytest.raises(ValueError, match="max_new_tokens must be >= the 3 positions"):
         losses.constant_mean(values, mask, 2)
 
 

@@ -55,14 +55,14 @@ def test_a_rate_moves_only_when_the_fisher_exact_test_rejects():
 
 
 def test_signal_fraction_and_its_range():
-    assert narrative.signal_fraction(0.5, 4) == pytest.approx(1 - 2 / 16)
-    assert narrative.signal_fraction(0.0, 4) == 0.0
+    assert narrative.signal_fraction_range(0.5, 0.5, 4) == pytest.approx((1 - 2 / 16, 1 - 2 / 16))
+    assert narrative.signal_fraction_range(0.0, 0.0, 4) == (0.0, 0.0)
     low, high = narrative.signal_fraction_range(0.4, 0.6, 4)
     assert high == pytest.approx(0.875) and low == pytest.approx(1 - 0.4 ** 4 - 0.6 ** 4)
 
 
 def _row(rid, ids, lps, digest="d"):
-    return {"rollout_id": rid, "response_ids": ids, "text": str(ids), "reward": 1.0, "old_logprobs": lps,
+    return {"rollout_id": rid, "response_ids": ids, "text": str(ids), "reward": 1.0, "logp_old": lps,
             "policy_digest": digest}
 
 

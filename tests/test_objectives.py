@@ -35,8 +35,8 @@ HAND = ([[LOG(0.75), LOG(0.25)]], [[LOG(0.5), LOG(0.5)]], [1.0], [[1.0, 1.0]])
     ("grpo", {}, -(1.2 + 0.5) / 2, [0.0, -0.5 / 2]),
     # clip-higher: 1.5 is clipped at 1.28
     ("dapo", {}, -(1.28 + 0.5) / 2, [0.0, -0.5 / 2]),
-    # the sum divided by B x max_response_tokens = 1 x 4
-    ("dr_grpo", {"max_response_tokens": 4}, -(1.2 + 0.5) / 4, [0.0, -0.5 / 4]),
+    # the sum divided by B x max_new_tokens = 1 x 4
+    ("dr_grpo", {"max_new_tokens": 4}, -(1.2 + 0.5) / 4, [0.0, -0.5 / 4]),
     # weights min(1.5, 1.28) = 1.28 and 0.5, detached, times A log pi: every token keeps a gradient
     ("cispo", {}, -(1.28 * LOG(0.75) + 0.5 * LOG(0.25)) / 2, [-1.28 / 2, -0.5 / 2]),
     # s = exp(mean(log 1.5, log 0.5)) = sqrt(0.75), below 1 - 3e-4: unclipped, d s / d logp_t = s / 2
@@ -78,7 +78,7 @@ def _paper(case: dict) -> tuple[float, list[list[float]]]:
             return 1.0 / (B * lengths[i])
         if agg == "token_mean":
             return 1.0 / sum(lengths)
-        return 1.0 / (B * p["max_response_tokens"])
+        return 1.0 / (B * p["max_new_tokens"])
 
     loss = 0.0
     if o == "gspo":
@@ -145,7 +145,7 @@ def test_the_committed_case_file_is_what_the_code_gives(capsys):
 
 @pytest.mark.parametrize("call, message", [
     (lambda: _loss_and_grad("ppo", *HAND), r"objective 'ppo': expected one of"),
-    (lambda: _loss_and_grad("dr_grpo", *HAND), r"constant_mean: max_response_tokens must be >= the"),
+    (lambda: _loss_and_grad("dr_grpo", *HAND), r"constant_mean: max_new_tokens must be >= the"),
     (lambda: _loss_and_grad("grpo", *HAND, aggregation="mean"), r"aggregation 'mean': expected one of"),
     (lambda: _loss_and_grad("grpo", HAND[0], HAND[1], [1.0, 2.0], HAND[3]), r"advantages \(2,\) \(B,\)"),
     (lambda: _loss_and_grad("grpo", HAND[0], HAND[1], HAND[2], [[0.0, 0.0]]), "at least one token"),

@@ -156,7 +156,7 @@ def test_each_committed_run_rescores_from_its_rows_and_its_history_recomputes(na
         chain = worked.Chain(r["problem"]["initial"], tuple(r["problem"]["movements"]))
         v = rescored(r, chain)
         assert (v.reward, v.thinks, v.category) == (r["reward"], r["thinks"], r["category"])
-        penalty = run.length_penalty * r["tokens"] / worked.WORKED_MAX_RESPONSE_TOKENS
+        penalty = run.length_penalty * r["tokens"] / worked.WORKED_MAX_NEW_TOKENS
         assert r["optimised_reward"] == pytest.approx(reward(v, chain) - penalty, abs=1e-6)
     history = json.loads((REASONING / name / "history.json").read_text())
     for line in history:

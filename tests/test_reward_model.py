@@ -71,7 +71,7 @@ def test_features_are_the_judges_log_probs():
         assert row[0] == pytest.approx(float(logp.sum()), abs=1e-9)
         assert row[1] == pytest.approx(float(logp.min()), abs=1e-9)
         assert row[2] == pytest.approx(float(logp.mean()), abs=1e-9)
-        assert row[3] == len(response) / scoring.MAX_RESPONSE_TOKENS
+        assert row[3] == len(response) / scoring.MAX_NEW_TOKENS
     assert x[:, 4].tolist() == [1.0, 0.0]  # the second response lost its EOS
 
 

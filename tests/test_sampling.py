@@ -87,7 +87,7 @@ def test_fast_equals_reference(model, tokenizer, prompts, digest, greedy):
     assert [r.text for r in fast] == [r.text for r in reference]
     for r, f in zip(reference, fast):
         assert f.sampler == "fast" and f.seed == r.seed
-        assert torch.allclose(torch.tensor(f.old_logprobs), torch.tensor(r.old_logprobs), atol=1e-5)
+        assert torch.allclose(torch.tensor(f.logp_old), torch.tensor(r.logp_old), atol=1e-5)
     if not greedy:  # the seeds matter: different seeds of one prompt give different responses
         assert reference[0].response_ids != reference[1].response_ids
 
@@ -126,7 +126,7 @@ def test_length_stop_is_recorded(model, tokenizer, prompts, digest):
     (rollout,) = sampling.sample_reference(model, tokenizer, prompts[:1], [3], max_new_tokens=5, policy_digest=digest)
     assert tokenizer.eos_token_id not in rollout.response_ids  # the random model does not stop here
     assert rollout.finish_reason == "length"
-    assert len(rollout.response_ids) == len(rollout.old_logprobs) == 5
+    assert len(rollout.response_ids) == len(rollout.logp_old) == 5
 
 
 def test_recorded_logprobs_match_full_sequence_scores(model, tokenizer, prompts, digest):
@@ -139,7 +139,7 @@ def test_recorded_logprobs_match_full_sequence_scores(model, tokenizer, prompts,
     assert result["tokens"] == sum(len(r.response_ids) for r in rollouts)
 
     # A recorded score that is off by more than the tolerance is caught.
-    rollouts[1].old_logprobs[2] += 1e-3
+    rollouts[1].logp_old[2] += 1e-3
     with pytest.raises(ValueError, match="not reproduced"):
         sampling.check_recorded_logprobs(model, rollouts)
     assert sampling.check_recorded_logprobs(model, rollouts, strict=False)["worst_rollout_id"] == rollouts[1].rollout_id

@@ -42,7 +42,7 @@ def _assert_same(reference, static):
     assert [r.response_ids for r in static] == [r.response_ids for r in reference]
     assert [r.finish_reason for r in static] == [r.finish_reason for r in reference]
     assert [r.text for r in static] == [r.text for r in reference]
-    worst = max(abs(a - b) for r, s in zip(reference, static) for a, b in zip(r.old_logprobs, s.old_logprobs))
+    worst = max(abs(a - b) for r, s in zip(reference, static) for a, b in zip(r.logp_old, s.logp_old))
     assert worst <= LOGPROB_TOL, worst
     assert {s.sampler for s in static} == {"static"}
     assert [s.rollout_id for s in static] == [r.rollout_id for r in reference]

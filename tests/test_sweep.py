@@ -98,7 +98,7 @@ def start_file(tmp_path_factory):
 
 def specs_for(root, start_file, runs):
     return sweep.plan("tiny", runs, root=root, iterations=2, start_file=start_file,
-                      config_overrides={"max_response_tokens": 4, "checkpoint_problems": 4}, eval_limit=1)
+                      config_overrides={"max_new_tokens": 4, "checkpoint_problems": 4}, eval_limit=1)
 
 
 def test_a_fingerprint_names_everything_that_makes_the_numbers(tmp_path, start_file):
@@ -106,7 +106,7 @@ def test_a_fingerprint_names_everything_that_makes_the_numbers(tmp_path, start_f
     again = specs_for(tmp_path, start_file, [("x", Variant())])[0]
     assert a["folder"] == again["folder"] and a["folder"] != b["folder"]
     longer = sweep.plan("tiny", [("x", Variant())], root=tmp_path, iterations=3, start_file=start_file,
-                        config_overrides={"max_response_tokens": 3, "checkpoint_problems": 4}, eval_limit=1)[0]
+                        config_overrides={"max_new_tokens": 3, "checkpoint_problems": 4}, eval_limit=1)[0]
     assert longer["folder"] != a["folder"]
 
 

@@ -13,7 +13,7 @@ from labkit.grpo.variants import Variant
 from labkit.task.verifier import score
 
 # Curves on 4 fixed problems, not 64: they run in every variant, at a second instead of ~14 per run.
-SMALL = TINY.with_overrides(max_response_tokens=5, grpo_lr=1e-3, checkpoint_problems=4)
+SMALL = TINY.with_overrides(max_new_tokens=5, grpo_lr=1e-3, checkpoint_problems=4)
 
 
 @pytest.fixture(scope="module")

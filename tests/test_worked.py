@@ -129,4 +129,4 @@ def test_the_worked_limit_fits_eight_movements_and_the_samplers_allow_it():
     tokenizer = load_tiny_tokenizer()
     longest = max(len(tokenizer.encode(worked.worked_text(c), add_special_tokens=False)) + 1  # + end-of-sequence
                   for c in worked.fresh_chains(worked.MAX_MOVEMENTS, 2000, seed=7, high=OOD_MAX))
-    assert longest <= 128 and longest + 32 <= worked.WORKED_MAX_RESPONSE_TOKENS <= rollouts.SAMPLER_TOKEN_LIMIT
+    assert longest <= 128 and longest + 32 <= worked.WORKED_MAX_NEW_TOKENS <= rollouts.SAMPLER_TOKEN_LIMIT

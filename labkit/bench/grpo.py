@@ -235,7 +235,7 @@ def bench_updates(model, tokenizer, group_sizes: tuple[int, ...], max_new_tokens
 
 def bench_iteration(max_new_tokens: int, start_file: Path) -> dict:
     """Section 4: one real iteration of the loop, the protocol's set-up against the fast one."""
-    config = TINY.with_overrides(max_response_tokens=max_new_tokens)
+    config = TINY.with_overrides(max_new_tokens=max_new_tokens)
     out = {}
     for name, sampler, shared in (("protocol (reference sampler, plain)", "reference", False),
                                   ("fast sampler, shared-prompt scoring", "fast", True),
@@ -284,7 +284,7 @@ def bench_worked(repeats: int) -> dict | None:
     model, tokenizer, G = loop.model, loop.tokenizer, loop.G
     chosen, seeds = core.draw_prompts(loop)
     rows = [loop.prompts[p["id"]] for p in chosen for _ in range(G)]
-    limit = worked.WORKED_MAX_RESPONSE_TOKENS
+    limit = worked.WORKED_MAX_NEW_TOKENS
     common = dict(max_new_tokens=limit, policy_digest=models.parameter_digest(model))
     methods = {"fast": lambda: sampling.sample_fast(model, tokenizer, rows, seeds, **common),
                "static": lambda: sample_static(model, tokenizer, rows, seeds, **common),
@@ -328,7 +328,7 @@ def run(argv: list[str] | None = None) -> dict:
     parser.add_argument("--threads", type=int, default=1,
                         help="torch CPU threads (default: %(default)s; 0 keeps torch's own setting)")
     parser.add_argument("--repeats", type=int, default=3, help="timings keep the best of this many (default: %(default)s)")
-    parser.add_argument("--max-new-tokens", type=int, default=scoring.MAX_RESPONSE_TOKENS,
+    parser.add_argument("--max-new-tokens", type=int, default=scoring.MAX_NEW_TOKENS,
                         help="response limit (default: %(default)s, the protocol's)")
     parser.add_argument("--quick", action="store_true",
                         help="the smoke test's size: 8 new tokens, one repeat, G=4 only")

@@ -61,7 +61,7 @@ def _print_agreement(name: str, result: dict) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m labkit bench sampling", description=__doc__.splitlines()[0])
-    parser.add_argument("--max-new-tokens", type=int, default=scoring.MAX_RESPONSE_TOKENS,
+    parser.add_argument("--max-new-tokens", type=int, default=scoring.MAX_NEW_TOKENS,
                         help="response limit (default: %(default)s, the protocol's)")
     parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
     args = parser.parse_args(argv)

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 import matplotlib.pyplot as plt
 
 from . import plots
-from ..grpo.losses import zero_signal_fraction  # p^G + (1-p)^G
+from ..grpo.losses import expected_frac_reward_zero_std  # p^G + (1-p)^G
 
 KNOBS_ENV = "LABKIT_KNOBS"
 
@@ -142,9 +142,9 @@ def zero_signal_vs_p(group_sizes=(2, 4, 8, 16)) -> Knob:
     ps = [i / 200 for i in range(201)]
 
     def draw(p: float, G: int):
-        curves = {g: (ps, [zero_signal_fraction(x, g) for x in ps]) for g in sorted({*group_sizes, G})}
-        point = {"p": p, "fraction": zero_signal_fraction(p, G), "color": "tab:red", "size": 50,
-                 "label": f"p = {p:.2f}, G = {G}: {zero_signal_fraction(p, G):.3f} of groups silent"}
+        curves = {g: (ps, [expected_frac_reward_zero_std(x, g) for x in ps]) for g in sorted({*group_sizes, G})}
+        point = {"p": p, "fraction": expected_frac_reward_zero_std(p, G), "color": "tab:red", "size": 50,
+                 "label": f"p = {p:.2f}, G = {G}: {expected_frac_reward_zero_std(p, G):.3f} of groups silent"}
         return plots.plot_zero_signal_vs_success(curves, [point])
 
     return Knob(draw, {"p": Slider(0.0, 1.0, 0.01, 0.5, "success rate p"), "G": Slider(2, 32, 1, 4, "group size G")})
@@ -157,7 +157,7 @@ def zero_signal_vs_group_size(p_default: float, points: list[dict] | None = None
     def draw(p: float, G: int):
         fig = plots.plot_zero_signal_curve(p, points or [], max_group_size=max_group_size, p_label="chosen")
         ax = fig.axes[0]
-        silent = zero_signal_fraction(p, G)
+        silent = expected_frac_reward_zero_std(p, G)
         per_informative = G / (1 - silent) if silent < 1 else math.inf
         ax.scatter([G], [silent], color="tab:red", zorder=4, s=50,
                    label=f"G = {G}: {silent:.3f} silent, {per_informative:.2f} rollouts per informative group")

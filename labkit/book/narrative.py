@@ -11,6 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from ..eval import paired
+from ..grpo.losses import expected_frac_reward_zero_std
 from ..eval.evaluate import read_predictions, wilson_interval
 
 
@@ -63,16 +64,12 @@ def count_change(before: tuple[int, int], after: tuple[int, int], what: str) -> 
     return f"{what} did not change measurably: {first}, then {second} ({moved}, {p})"
 
 
-def signal_fraction(p: float, group_size: int) -> float:
-    """Chance that a group of G independent 0/1 rewards, each 1 with probability p, is NOT constant."""
-    return 1.0 - p ** group_size - (1.0 - p) ** group_size
-
-
 def signal_fraction_range(p_low: float, p_high: float, group_size: int) -> tuple[float, float]:
-    """(min, max) of 1 - p^G - (1-p)^G for p in [p_low, p_high]: it rises up to p = 1/2, then falls."""
-    values = [signal_fraction(p_low, group_size), signal_fraction(p_high, group_size)]
+    """(min, max) of the share of groups WITH signal, 1 - `losses.expected_frac_reward_zero_std(p, G)` =
+    1 - p^G - (1-p)^G, for p in [p_low, p_high]: it rises up to p = 1/2, then falls."""
+    values = [1.0 - expected_frac_reward_zero_std(p_low, group_size), 1.0 - expected_frac_reward_zero_std(p_high, group_size)]
     if p_low <= 0.5 <= p_high:
-        values.append(signal_fraction(0.5, group_size))
+        values.append(1.0 - expected_frac_reward_zero_std(0.5, group_size))
     return min(values), max(values)
 
 
@@ -103,7 +100,7 @@ def same_responses(policy_dir: str | Path, reference_dir: str | Path, mode: str,
 # recorded log-probs (compared within a tolerance) and the digest of the weights that sampled
 # (bitwise, so it differs as soon as one update rounded differently, even if the policy samples
 # the same tokens).
-FLOAT_FIELDS = ("old_logprobs", "policy_digest")
+FLOAT_FIELDS = ("logp_old", "policy_digest")
 
 
 def compare_rollouts(fresh: list[dict], cached: list[dict], logprob_tol: float) -> dict:
@@ -122,8 +119,8 @@ def compare_rollouts(fresh: list[dict], cached: list[dict], logprob_tol: float) 
         if set(a) != set(b):
             raise ValueError(f"{a['rollout_id']}: the re-run stores other fields ({sorted(set(a) ^ set(b))})")
         exact = [k for k in a if k not in FLOAT_FIELDS and a[k] != b[k]]
-        if len(a["old_logprobs"]) == len(b["old_logprobs"]):
-            gap = max((abs(x - y) for x, y in zip(a["old_logprobs"], b["old_logprobs"])), default=0.0)
+        if len(a["logp_old"]) == len(b["logp_old"]):
+            gap = max((abs(x - y) for x, y in zip(a["logp_old"], b["logp_old"])), default=0.0)
         else:
             gap = float("inf")
         out["exact_equal"] += not exact
@@ -131,7 +128,7 @@ def compare_rollouts(fresh: list[dict], cached: list[dict], logprob_tol: float) 
         out["max_logprob_gap"] = max(out["max_logprob_gap"], gap)
         out["digests_equal"] += a["policy_digest"] == b["policy_digest"]
         out["bitwise_equal"] += a == b
-        beyond = exact + (["old_logprobs"] if gap > logprob_tol else [])
+        beyond = exact + (["logp_old"] if gap > logprob_tol else [])
         if beyond and out["first_difference"] is None:
             out["first_difference"] = (a["rollout_id"], beyond)
     return out

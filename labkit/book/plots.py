@@ -377,11 +377,11 @@ def plot_zero_signal_curve(p: float, points: list[dict], max_group_size: int = 1
     in budget.json's zero_signal.points.  The measured points come from runs whose policy
     moved while they ran; the curve assumes one fixed p for every prompt.
     """
-    from ..grpo.losses import zero_signal_fraction
+    from ..grpo.losses import expected_frac_reward_zero_std
 
     sizes = list(range(1, max_group_size + 1))
     fig, ax = plt.subplots(figsize=(5.5, 3.2))
-    ax.plot(sizes, [zero_signal_fraction(p, g) for g in sizes], color="tab:gray",
+    ax.plot(sizes, [expected_frac_reward_zero_std(p, g) for g in sizes], color="tab:gray",
             label=f"$p^G + (1-p)^G$, p = {p:.3f} ({p_label})")
     for pt in points:
         ax.scatter([pt["group_size"]], [pt["measured"]], zorder=3,

@@ -36,7 +36,8 @@ import torch
 from ..task import data
 from ..models import sampling, scoring
 from ..models.presets import parameter_digest
-from ..models.rollouts import MAX_NEW_TOKENS, Rollout, decision_scores, gumbel_noise_at
+from ..models.rollouts import Rollout, decision_scores, gumbel_noise_at
+from ..models.scoring import MAX_NEW_TOKENS
 from ..config import QWEN
 from .evaluate import eval_seed
 from ..lab.runs import REPO_ROOT, RunExistsError, preset_folder, write_json
@@ -94,7 +95,7 @@ def _draw_of(seed_lists: list[list[int]] | None, problem_ids: list[str]) -> dict
 
 
 def compare(model, tokenizer, problem_ids: list[str], prompts: list[list[int]], seed_lists=None, *,
-            max_new_tokens: int = scoring.MAX_RESPONSE_TOKENS, batch_size: int | None = DEFAULT_BATCH_SIZE,
+            max_new_tokens: int = scoring.MAX_NEW_TOKENS, batch_size: int | None = DEFAULT_BATCH_SIZE,
             near_tie: float = NEAR_TIE) -> dict:
     """Both samplers on the same rollouts: counts, explained mismatches, times (`compare_samplers`).
 
@@ -128,7 +129,7 @@ def _warm_up(model, tokenizer, prompt: list[int]) -> None:
 
 
 def measure(model, tokenizer, problem_ids: list[str], prompts: list[list[int]], draws: int = DRAWS, *,
-            max_new_tokens: int = scoring.MAX_RESPONSE_TOKENS, batch_size: int | None = DEFAULT_BATCH_SIZE,
+            max_new_tokens: int = scoring.MAX_NEW_TOKENS, batch_size: int | None = DEFAULT_BATCH_SIZE,
             near_tie: float = NEAR_TIE) -> dict:
     """Greedy (1 per problem) and seeded (`draws` per problem) agreement, timed in this process.
 
@@ -169,7 +170,7 @@ def report_path(preset: str) -> Path:
 
 
 def run(preset: str = "tiny", state: str | Path | None = None, out: str | Path | None = None, *,
-        limit: int | None = None, draws: int = DRAWS, max_new_tokens: int = scoring.MAX_RESPONSE_TOKENS,
+        limit: int | None = None, draws: int = DRAWS, max_new_tokens: int = scoring.MAX_NEW_TOKENS,
         batch_size: int | None = DEFAULT_BATCH_SIZE, device: str | None = None, overwrite: bool = False) -> dict:
     """Measure the agreement on the warm start (or `state`) and write the report atomically.
 
@@ -280,8 +281,8 @@ def explain_mismatch(model, reference: Rollout, fast: Rollout) -> dict:
         "fast_token": fast_token,
         "top2_gap": float(top2.values[0] - top2.values[1]),
         "score_gap_between_the_two_tokens": float(scores[ref_token] - scores[fast_token]),
-        "reference_logprob": reference.old_logprobs[step],
-        "fast_logprob": fast.old_logprobs[step],
+        "reference_logprob": reference.logp_old[step],
+        "fast_logprob": fast.logp_old[step],
     })
     return info
 

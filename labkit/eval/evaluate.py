@@ -203,7 +203,7 @@ def prediction_rows(rollouts, statements: list[dict], mode: str, draws: int) -> 
 
 
 def generate_predictions(model, tokenizer, statements: list[dict], mode: str, *, sampler: str = DEFAULT_SAMPLER,
-                         draws: int = 4, max_new_tokens: int = scoring.MAX_RESPONSE_TOKENS,
+                         draws: int = 4, max_new_tokens: int = scoring.MAX_NEW_TOKENS,
                          batch_size: int = DEFAULT_BATCH_SIZE, policy_digest: str | None = None) -> list[dict]:
     """Prediction rows of one mode: greedy (1 per statement) or sample (`draws` per statement, seeded).
 
@@ -232,7 +232,7 @@ def generate_predictions(model, tokenizer, statements: list[dict], mode: str, *,
 def run_inference(preset: str, policy: str, *, state_file: str | Path | None = None,
                   eval_root: str | Path | None = None, sampler: str = DEFAULT_SAMPLER, device: str | None = None,
                   draws: int | None = None, limit: int | None = None,
-                  max_new_tokens: int = scoring.MAX_RESPONSE_TOKENS, batch_size: int = DEFAULT_BATCH_SIZE,
+                  max_new_tokens: int = scoring.MAX_NEW_TOKENS, batch_size: int = DEFAULT_BATCH_SIZE,
                   overwrite: bool = False) -> dict:
     """Generate and write one policy's greedy and sampled predictions; returns its manifest.
 

@@ -39,7 +39,7 @@ def draw_seed(seed: int, k: int, index: int, draw: int) -> int:
 
 
 def sample_worked(model, tokenizer, chains_by_k: dict[int, list[Chain]], draws: int, seed: int,
-                  sampler: str = "fast", max_new_tokens: int = worked.WORKED_MAX_RESPONSE_TOKENS) -> list[dict]:
+                  sampler: str = "fast", max_new_tokens: int = worked.WORKED_MAX_NEW_TOKENS) -> list[dict]:
     """`draws` seeded samples (temperature 1) of every chain; one row per response:
     {"k", "index", "draw", "chain" {"initial", "movements"}, "text", "finish_reason", "tokenization_valid",
     "tokens", "reward",

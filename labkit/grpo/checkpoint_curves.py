@@ -112,7 +112,7 @@ def measure(model, reference, tokenizer, fixed: FixedPrompts, config: PresetConf
     (so that two checkpoints, or two runs, can be compared problem by problem).  No wall time:
     the record is a pure function of the two models (the caller times it, into timings.jsonl)."""
     N, D = len(fixed.problem_ids), fixed.draws
-    common = dict(max_new_tokens=config.max_response_tokens, batch_size=config.eval_batch_size)
+    common = dict(max_new_tokens=config.max_new_tokens, batch_size=config.eval_batch_size)
     greedy = sampling.sample_fast(model, tokenizer, fixed.prompts, greedy=True, problem_ids=fixed.problem_ids,
                                   **common)
     sampled = sampling.sample_fast(model, tokenizer, [p for p in fixed.prompts for _ in range(D)], fixed.seeds,

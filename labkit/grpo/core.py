@@ -210,9 +210,9 @@ def objective_loss(logp_cur: torch.Tensor, logits_cur: torch.Tensor, reference: 
     reduction = resolved.reduction
     term, term_stats = resolved.objective.term(
         logp_cur, logp_old, advantages, mask, clip_eps=config.clip_eps, group_size=groups, reduction=reduction,
-        clip_eps_high=resolved.clip_eps_high, max_response_tokens=config.max_response_tokens,
+        clip_eps_high=resolved.clip_eps_high, max_new_tokens=config.max_new_tokens,
         token_weights=token_weights)
-    reduce = lambda values: losses.reduce(values, mask, groups, reduction, config.max_response_tokens)  # noqa: E731
+    reduce = lambda values: losses.reduce(values, mask, groups, reduction, config.max_new_tokens)  # noqa: E731
     measured = mask if measure_mask is None else measure_mask
     measure = (reduce if reduction == "sequence" and measured is mask
                else lambda values: losses.reduce(values, measured, groups, "sequence"))  # noqa: E731
@@ -270,7 +270,7 @@ def rollout_record(r: rollouts.Rollout, iteration: int, verdict, advantage: floa
         "text": r.text,
         "finish_reason": r.finish_reason,
         "tokenization_valid": r.tokenization_valid,
-        "old_logprobs": list(r.old_logprobs),
+        "logp_old": list(r.logp_old),
         "reward": float(verdict.reward),
         "reason": verdict.reason,
         "advantage": advantage,
@@ -396,7 +396,7 @@ def sample_iteration(loop: Loop, iteration: int, sampler: str, chosen: list[dict
     t0 = time.perf_counter()
     policy = loop.resolved.sampling_policy(loop.model)  # the policy itself, or a rounded copy of it
     groups = sample_groups(policy, loop.tokenizer, chosen, loop.prompts, seeds, G, iteration, sampler,
-                           config.max_response_tokens)
+                           config.max_new_tokens)
     optimised = loop.resolved.optimised_reward(groups)  # (P, G): the verifier's rewards, or the variant's
     # the variant's groups: these (the protocol), or with silent groups replaced (dynamic sampling)
     chosen, groups, optimised, dynamic = loop.resolved.refill(
@@ -419,7 +419,7 @@ def draw_and_sample(loop: Loop, policy, iteration: int, sampler: str,
     (`variants.refill_silent_groups`)."""
     chosen, seeds = draw_prompts(loop)
     groups = sample_groups(policy, loop.tokenizer, chosen, loop.prompts, seeds, loop.G, iteration, sampler,
-                           loop.config.max_response_tokens, stem_tag=stem_tag)
+                           loop.config.max_new_tokens, stem_tag=stem_tag)
     return chosen, groups, loop.resolved.optimised_reward(groups)
 
 
@@ -462,7 +462,7 @@ def update_iteration(loop: Loop, s: Sampled) -> tuple[list[dict], dict]:
         prompts = []  # every response was filtered out: nothing to learn from
     # rows as long as the protocol allows, or the run's own limit where it is longer (worked answers: 160);
     # the solver's targets (objective "sft") are never longer than the protocol's 64
-    response_limit = max(config.max_response_tokens, scoring.MAX_RESPONSE_TOKENS)
+    response_limit = max(config.max_new_tokens, scoring.MAX_NEW_TOKENS)
     limits = (config.max_prompt_tokens, response_limit, config.max_prompt_tokens + response_limit)
     if not on_rollouts or not prompts:
         pre_update_check(scoring.response_logprobs(loop.model, scoring.make_batch(
@@ -471,7 +471,7 @@ def update_iteration(loop: Loop, s: Sampled) -> tuple[list[dict], dict]:
     if prompts:
         batch = scoring.make_batch(prompts, responses, pad_id=loop.tokenizer.pad_token_id, limits=limits)
         loss_mask = None if kept is None else batch.response_mask * kept[:, None].to(batch.response_mask.dtype)
-        logp_old = padded([r.old_logprobs for r in rollouts], batch.response_mask.shape[1]) if on_rollouts else None
+        logp_old = padded([r.logp_old for r in rollouts], batch.response_mask.shape[1]) if on_rollouts else None
         score = (shared_prompt_scorer(prompts, responses, G, loop.tokenizer.pad_token_id)
                  if loop.shared_prompts and on_rollouts else plain_scorer(batch))
         reference = reference_scores(loop.reference, batch, score)

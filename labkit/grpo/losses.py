@@ -46,7 +46,7 @@ def zero_variance_groups(rewards: torch.Tensor) -> torch.Tensor:
     return (rewards == rewards[:, :1]).all(dim=1)
 
 
-def zero_signal_fraction(p: float, group_size: int) -> float:
+def expected_frac_reward_zero_std(p: float, group_size: int) -> float:
     """Chance that a group of G independent 0/1 rewards with success rate p is constant.
 
         P(all right) + P(all wrong) = p^G + (1 - p)^G
@@ -191,35 +191,35 @@ def token_mean(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     return torch.where(active, values, zeros).sum() / active.sum()
 
 
-def constant_mean(values: torch.Tensor, mask: torch.Tensor, max_response_tokens: int) -> torch.Tensor:
-    """Dr. GRPO's reduction: the sum over every active token divided by a constant, B x max_response_tokens.
+def constant_mean(values: torch.Tensor, mask: torch.Tensor, max_new_tokens: int) -> torch.Tensor:
+    """Dr. GRPO's reduction: the sum over every active token divided by a constant, B x max_new_tokens.
 
         out = sum_it mask_it values_it / (B L_max)
 
-    values, mask: (B, T), T <= max_response_tokens.  Returns a 0-d tensor.  Every token weighs
+    values, mask: (B, T), T <= max_new_tokens.  Returns a 0-d tensor.  Every token weighs
     the same 1 / (B L_max), whatever its response's length or the batch's: neither the per-response
     mean's favour for short responses nor the token mean's dependence on the batch's lengths."""
     _check_values_and_mask(values, mask)
-    if not max_response_tokens or max_response_tokens < values.shape[1]:
-        raise ValueError(f"constant_mean: max_response_tokens must be >= the {values.shape[1]} positions of "
-                         f"the batch, got {max_response_tokens!r}")
+    if not max_new_tokens or max_new_tokens < values.shape[1]:
+        raise ValueError(f"constant_mean: max_new_tokens must be >= the {values.shape[1]} positions of "
+                         f"the batch, got {max_new_tokens!r}")
     zeros = torch.zeros((), dtype=values.dtype, device=values.device)
-    return torch.where(mask.bool(), values, zeros).sum() / (values.shape[0] * max_response_tokens)
+    return torch.where(mask.bool(), values, zeros).sum() / (values.shape[0] * max_new_tokens)
 
 
 REDUCTIONS = ("sequence", "token", "constant")
 
 
 def reduce(values: torch.Tensor, mask: torch.Tensor, group_size: int | None = None,
-           reduction: str = "sequence", max_response_tokens: int | None = None) -> torch.Tensor:
+           reduction: str = "sequence", max_new_tokens: int | None = None) -> torch.Tensor:
     """`reduce_tokens` ("sequence", the protocol's), `token_mean` ("token") or `constant_mean`
-    ("constant", which needs max_response_tokens); (B, T) -> 0-d."""
+    ("constant", which needs max_new_tokens); (B, T) -> 0-d."""
     if reduction == "sequence":
         return reduce_tokens(values, mask, group_size)
     if reduction == "token":
         return token_mean(values, mask)
     if reduction == "constant":
-        return constant_mean(values, mask, max_response_tokens)
+        return constant_mean(values, mask, max_new_tokens)
     raise ValueError(f"unknown reduction {reduction!r}; expected one of {REDUCTIONS}")
 
 
@@ -237,7 +237,7 @@ def clipped_surrogate(
     group_size: int | None = None,
     reduction: str = "sequence",
     clip_eps_high: float | None = None,
-    max_response_tokens: int | None = None,
+    max_new_tokens: int | None = None,
     token_weights: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """The clipped surrogate loss of PPO/GRPO and its clipping statistics.
@@ -253,7 +253,7 @@ def clipped_surrogate(
     group_size: G for the reduction (see `reduce_tokens`); None = one group of all rows,
                 which gives the same value whenever groups have equal sizes.
     reduction:  "sequence" (`reduce_tokens`, the protocol's), "token" (`token_mean`) or
-                "constant" (`constant_mean`, with max_response_tokens).
+                "constant" (`constant_mean`, with max_new_tokens).
     clip_eps_high: the upper clip's epsilon (DAPO's clip-higher); None: clip_eps, symmetric.
     token_weights: (B, T) w_it >= 0, detached: truncated importance sampling's
                 min(pi_trainer / pi_sampler, C) when the sampler's probabilities differ from
@@ -301,7 +301,7 @@ def clipped_surrogate(
     objective = torch.minimum(unclipped, clipped)  # (B, T)
     if token_weights is not None:  # w >= 0 keeps the min's choice and the clip's zero gradient
         objective = objective * token_weights.to(objective.dtype)
-    loss = -reduce(objective, mask, group_size, reduction, max_response_tokens)
+    loss = -reduce(objective, mask, group_size, reduction, max_new_tokens)
 
     with torch.no_grad():
         low = (rho < 1.0 - clip_eps) & (adv < 0) & active

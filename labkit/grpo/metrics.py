@@ -89,7 +89,7 @@ ROLLOUT_ROW = {
     "text": "decoded response (EOS removed)",
     "finish_reason": "'eos' or 'length'",
     "tokenization_valid": "False if an id is outside the tokenizer",
-    "old_logprobs": "log-prob of each generated id under the sampling (old) policy, recorded at sampling",
+    "logp_old": "log-prob of each generated id under the sampling (old) policy, recorded at sampling",
     "reward": "verifier reward, 1 for complete, valid and correct",
     "optimised_reward": "the reward the run optimised for this response (= reward in the protocol)",
     "reason": "verifier reason when the reward is 0, else None",

@@ -20,7 +20,7 @@ objective   the per-token (or per-response) term                               d
 
 aggregation (AGGREGATIONS): "sequence_mean" = the mean over each response's tokens, then over the
 responses; "token_mean" = one mean over every token of the batch; "constant" = the sum over every
-token divided by B x max_response_tokens.  With `beta` > 0 and `logp_ref`, beta times the k3
+token divided by B x max_new_tokens.  With `beta` > 0 and `logp_ref`, beta times the k3
 estimate of KL(pi_theta || pi_ref), exp(logp_ref - logp) - (logp_ref - logp) - 1 per token
 (`losses.kl_estimators`), is added under the same aggregation (GRPO's KL term [1]).
 
@@ -54,12 +54,12 @@ DEFAULTS = {  # each objective's parameters as its paper sets them
 
 
 def aggregate(values: torch.Tensor, mask: torch.Tensor, aggregation: str,
-              max_response_tokens: int | None = None) -> torch.Tensor:
+              max_new_tokens: int | None = None) -> torch.Tensor:
     """(B, T) per-token values -> 0-d, by `aggregation` (module docstring); padding never counts.
     All three are the loop's own reductions (`losses.reduce`: "sequence", "token", "constant")."""
     if aggregation not in AGGREGATIONS:
         raise ValueError(f"aggregation {aggregation!r}: expected one of {AGGREGATIONS}")
-    return losses.reduce(values, mask, None, LOSS_REDUCTIONS[aggregation], max_response_tokens)
+    return losses.reduce(values, mask, None, LOSS_REDUCTIONS[aggregation], max_new_tokens)
 
 
 def clipped_term(rho: torch.Tensor, advantages: torch.Tensor, epsilon_low: float, epsilon_high: float) -> torch.Tensor:
@@ -87,7 +87,7 @@ def capped_weight_per_token(logp: torch.Tensor, logp_old: torch.Tensor, advantag
 def objective_loss(objective: str, logp: torch.Tensor, logp_old: torch.Tensor, advantages: torch.Tensor,
                    mask: torch.Tensor, *, epsilon_low: float | None = None, epsilon_high: float | None = None,
                    weight_cap: float | None = None, aggregation: str | None = None,
-                   max_response_tokens: int | None = None, beta: float = 0.0,
+                   max_new_tokens: int | None = None, beta: float = 0.0,
                    logp_ref: torch.Tensor | None = None) -> torch.Tensor:
     """The loss of `objective` (OBJECTIVES) on one batch; unset parameters take DEFAULTS[objective]."""
     if objective not in OBJECTIVES:
@@ -111,13 +111,13 @@ def objective_loss(objective: str, logp: torch.Tensor, logp_old: torch.Tensor, a
             per_token = capped_weight_per_token(logp, logp_old, advantages, p["weight_cap"])
         else:
             per_token = clipped_term(torch.exp(logp - logp_old), advantages, p["epsilon_low"], p["epsilon_high"])
-        loss = -aggregate(per_token, m, p["aggregation"], max_response_tokens)
+        loss = -aggregate(per_token, m, p["aggregation"], max_new_tokens)
         aggregation_for_kl = p["aggregation"]
     if beta:
         if logp_ref is None:
             raise ValueError("beta > 0 needs logp_ref, the reference policy's log-probs (B, T)")
         k3 = losses.kl_estimators(logp, logp_ref.detach())["k3"]
-        loss = loss + beta * aggregate(k3, m, aggregation_for_kl, max_response_tokens)
+        loss = loss + beta * aggregate(k3, m, aggregation_for_kl, max_new_tokens)
     return loss
 
 
@@ -149,7 +149,7 @@ def _case(objective: str, extra: dict, seed: int) -> dict:
     advantages = torch.randn(B, dtype=torch.float64, generator=g)
     params = {**DEFAULTS[objective], **{k: v for k, v in extra.items() if k != "beta"}}
     if params.get("aggregation") == "constant":
-        params["max_response_tokens"] = CASE_MAX_RESPONSE_TOKENS
+        params["max_new_tokens"] = CASE_MAX_RESPONSE_TOKENS
     case = {"objective": objective, "seed": seed, "params": dict(params)}
     kwargs = dict(params)
     if extra.get("beta"):

@@ -301,13 +301,13 @@ KL_TABLE = {"exact": exact_kl_term, "k1": estimator_kl_term("k1"), "k2": estimat
 # Every objective's term takes the clipped surrogate's arguments (`losses.clipped_surrogate`: the
 # protocol's term is that function itself) and returns (value 0-d, statistics):
 #     term(logp_cur (B, R), logp_old (B, R), advantages (B,), mask (B, R), clip_eps, group_size,
-#          reduction, clip_eps_high, max_response_tokens, token_weights)
+#          reduction, clip_eps_high, max_new_tokens, token_weights)
 # clip_eps_high None means clip_eps (a symmetric clip); token_weights (B, R) or None are truncated
 # importance sampling's, which only GRPO's term takes (`Variant` refuses tis_cap with any other).
 
 
 def sequence_ratio_term(logp_cur, logp_old, advantages, mask, clip_eps, group_size, reduction, clip_eps_high,
-                        max_response_tokens, token_weights=None):
+                        max_new_tokens, token_weights=None):
     """GSPO: each response's ratio exp(mean_t log-ratio), clipped per response to the paper's
     [1 - 3e-4, 1 + 4e-4] (`objectives.DEFAULTS`), a mean over each group's responses, then over groups."""
     eps_low, eps_high = objectives.DEFAULTS["gspo"]["epsilon_low"], objectives.DEFAULTS["gspo"]["epsilon_high"]
@@ -326,12 +326,12 @@ def sequence_ratio_term(logp_cur, logp_old, advantages, mask, clip_eps, group_si
 
 
 def capped_weight_term(logp_cur, logp_old, advantages, mask, clip_eps, group_size, reduction, clip_eps_high,
-                       max_response_tokens, token_weights=None):
+                       max_new_tokens, token_weights=None):
     """CISPO: sg(min(rho, 1 + eps_high)) A log pi on every token, reduced as the variant says; the
     "high" share is the tokens whose weight the cap cut (their gradient is kept, scaled down)."""
     cap = 1.0 + (clip_eps if clip_eps_high is None else clip_eps_high)
     per_token = objectives.capped_weight_per_token(logp_cur, logp_old, advantages, cap)
-    value = -losses.reduce(per_token, mask, group_size, reduction, max_response_tokens)
+    value = -losses.reduce(per_token, mask, group_size, reduction, max_new_tokens)
     with torch.no_grad():
         active = mask.bool()
         rho = torch.exp(torch.where(active, logp_cur - logp_old, torch.zeros_like(logp_cur)))[active]
@@ -342,9 +342,9 @@ def capped_weight_term(logp_cur, logp_old, advantages, mask, clip_eps, group_siz
 
 
 def imitation_term(logp_cur, logp_old, advantages, mask, clip_eps, group_size, reduction, clip_eps_high,
-                   max_response_tokens, token_weights=None):
+                   max_new_tokens, token_weights=None):
     """The mean negative log-likelihood of the rows (one group of all); no ratio, so nothing clipped."""
-    return losses.reduce(-logp_cur, mask, None, reduction, max_response_tokens), {
+    return losses.reduce(-logp_cur, mask, None, reduction, max_new_tokens), {
         "clip_ratio/low_mean": 0.0, "clip_ratio/high_mean": 0.0, "clip_ratio/region_mean": 0.0}
 
 
@@ -554,7 +554,7 @@ def resolve(variant: Variant, config: PresetConfig, learned_verifier=None) -> Re
     compute = (partial(reward.compute, verifier=learned_verifier) if reward.needs_learned_verifier
                else partial(reward.compute, generator=generators["reward"], p=variant.random_reward_p)
                if reward.needs_generator else reward.compute)
-    optimised = (length_penalised(compute, variant.length_penalty, config.max_response_tokens)
+    optimised = (length_penalised(compute, variant.length_penalty, config.max_new_tokens)
                  if variant.length_penalty else compute)
     return Resolved(
         variant=variant, optimised_reward=optimised,

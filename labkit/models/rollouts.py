@@ -21,7 +21,6 @@ import torch
 
 from . import scoring
 
-MAX_NEW_TOKENS = scoring.MAX_RESPONSE_TOKENS  # the protocol's response limit: every sampler's default
 SAMPLER_TOKEN_LIMIT = 256
 """the most tokens one sampler call may generate: worked answers (`labkit.task.worked`) need more than 64"""
 
@@ -35,7 +34,7 @@ class Rollout:
 
     problem_id:         the problem id (e.g. "train-0131"); prompt_ids are its prompt's token ids
     response_ids:       generated ids, EOS included when finish_reason is "eos"
-    old_logprobs:       log-prob of each generated id under the sampling (old) policy, one per id
+    logp_old:       log-prob of each generated id under the sampling (old) policy, one per id
     finish_reason:      "eos" (emitted EOS) or "length" (hit max_new_tokens without EOS)
     text:               decoded response, EOS removed, other special tokens kept, undecodable
                         ids shown as <|undecodable:ID|>
@@ -50,7 +49,7 @@ class Rollout:
     problem_id: str | None
     prompt_ids: list[int]
     response_ids: list[int]
-    old_logprobs: list[float]
+    logp_old: list[float]
     finish_reason: str
     text: str
     tokenization_valid: bool
@@ -222,7 +221,7 @@ def make_rollout(tokenizer, eos, prompt, response, logprobs, seconds, digest, sa
         problem_id=problem_id,
         prompt_ids=list(prompt),
         response_ids=response,
-        old_logprobs=logprobs,
+        logp_old=logprobs,
         finish_reason="eos" if response and response[-1] == eos else "length",
         text=text,
         tokenization_valid=valid,

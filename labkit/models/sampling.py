@@ -40,7 +40,8 @@ import torch
 from ..config import QWEN
 from ..task import verifier
 from . import scoring
-from .rollouts import (MAX_NEW_TOKENS, GumbelStream, Rollout, check_arguments, choose_tokens, default_rollout_id,
+from .scoring import MAX_NEW_TOKENS  # the protocol's response limit: every sampler's default
+from .rollouts import (GumbelStream, Rollout, check_arguments, choose_tokens, default_rollout_id,
                        eos_id_of, make_rollout, resolve_policy_digest, sample_in_batches)
 from .static_sampler import sample_static
 
@@ -249,9 +250,9 @@ def compare_with_recorded(logp: torch.Tensor, rollouts: list[Rollout], tol: floa
     worst = (0.0, None, None)
     tokens, total = 0, 0.0
     for b, r in enumerate(rollouts):
-        if len(r.old_logprobs) != len(r.response_ids):
-            raise ValueError(f"rollout {r.rollout_id}: {len(r.old_logprobs)} log-probs for {len(r.response_ids)} tokens")
-        recorded = torch.tensor(r.old_logprobs, dtype=torch.float64)
+        if len(r.logp_old) != len(r.response_ids):
+            raise ValueError(f"rollout {r.rollout_id}: {len(r.logp_old)} log-probs for {len(r.response_ids)} tokens")
+        recorded = torch.tensor(r.logp_old, dtype=torch.float64)
         diff = (logp[b, : len(recorded)] - recorded).abs()
         tokens += len(recorded)
         total += float(diff.sum())

@@ -27,9 +27,9 @@ from ..task.problems import FORMAT_INSTRUCTION
 
 # The protocol's limits (labkit.config; both presets share them).
 MAX_PROMPT_TOKENS = QWEN.max_prompt_tokens
-MAX_RESPONSE_TOKENS = QWEN.max_response_tokens
+MAX_NEW_TOKENS = QWEN.max_new_tokens
 MAX_TOTAL_TOKENS = QWEN.max_total_tokens
-LIMITS = (MAX_PROMPT_TOKENS, MAX_RESPONSE_TOKENS, MAX_TOTAL_TOKENS)
+LIMITS = (MAX_PROMPT_TOKENS, MAX_NEW_TOKENS, MAX_TOTAL_TOKENS)
 
 
 # --- 1. Prompts and target responses ---------------------------------------------------------

@@ -38,7 +38,8 @@ from __future__ import annotations
 
 import torch
 
-from .rollouts import MAX_NEW_TOKENS, Rollout, choose_tokens, sample_in_batches
+from .rollouts import Rollout, choose_tokens, sample_in_batches
+from .scoring import MAX_NEW_TOKENS
 
 NOISE_BLOCK_STEPS = 8  # steps of noise drawn per call (responses are often short: do not draw all 64)
 NOISE_BLOCK_BYTES = 32 * 2**20  # and at most this much float64 noise per block (B x steps x V x 8 bytes)

@@ -16,7 +16,7 @@ In the order of the chapter:
     7. the whole exercise     `run_exercise` = `python -m labkit group-size`
 
 Run folders: runs/<preset>/grpo_g2 and grpo_g8 (ordinary GRPO runs, each with its
-resume report) and runs/<preset>/group_size/ (constant_groups.json, presentations.json,
+resume report) and runs/<preset>/group_size/ (zero_variance_groups.json, presentations.json,
 warm_start_p.json, budget.json, protection_before.json, protection.json, manifest.json).
 Nothing here writes into the main runs; the protection check proves it.
 """
@@ -29,7 +29,7 @@ from pathlib import Path
 import torch
 
 from ..grpo import core, loop as grpo, losses
-from ..grpo.losses import zero_signal_fraction
+from ..grpo.losses import expected_frac_reward_zero_std
 from ..config import QWEN, SEED_OFFSETS, PresetConfig, get_preset
 from ..lab.runs import (REPO_ROOT, RunExistsError, display_path, dumps_json, is_finished, mark_finished, preset_folder,
                    read_json, sha256_bytes, sha256_file, write_json)
@@ -111,7 +111,7 @@ def constant_group_case(rewards, clip_eps: float = 0.2, eps: float = 1e-8) -> di
     }
 
 
-def constant_group_table(clip_eps: float = 0.2, eps: float = 1e-8) -> list[dict]:
+def zero_variance_group_table(clip_eps: float = 0.2, eps: float = 1e-8) -> list[dict]:
     """One row per case of CONSTANT_GROUP_CASES (see `constant_group_case`), with its name."""
     return [{"case": name, **constant_group_case(rewards, clip_eps, eps)} for name, rewards in CONSTANT_GROUP_CASES]
 
@@ -303,7 +303,7 @@ def warm_start_validation_success(config: PresetConfig, start_file: str | Path, 
     prompts = [scoring.build_prompt_ids(tokenizer, s["statement"], config.max_prompt_tokens)
                for s in statements for _ in range(draws)]
     problem_ids = [s["id"] for s in statements for _ in range(draws)]
-    rollouts = sampling.sample_fast(model, tokenizer, prompts, seeds, max_new_tokens=config.max_response_tokens,
+    rollouts = sampling.sample_fast(model, tokenizer, prompts, seeds, max_new_tokens=config.max_new_tokens,
                                     problem_ids=problem_ids, batch_size=batch_size)
     correct = sum(score(r.text, r.finish_reason, labels[r.problem_id]["problem"], r.tokenization_valid).reward
                   for r in rollouts)
@@ -325,7 +325,7 @@ def warm_start_validation_success(config: PresetConfig, start_file: str | Path, 
 def zero_signal_points(rows: list[dict], p: float) -> list[dict]:
     """Measured zero-variance fraction of each GRPO row beside p^G + (1-p)^G."""
     return [{"policy": r["policy"], "group_size": r["group_size"], "groups": r["groups"],
-             "measured": r["zero_variance_measured"], "predicted": zero_signal_fraction(p, r["group_size"])}
+             "measured": r["zero_variance_measured"], "predicted": expected_frac_reward_zero_std(p, r["group_size"])}
             for r in rows if r["kind"] == "grpo"]
 
 
@@ -647,7 +647,7 @@ def run_exercise(
     before = read_json(before_path)
 
     # Stage 2: constructed constant groups.
-    write_json(out_dir / "constant_groups.json", constant_group_table(config.clip_eps, config.advantage_eps))
+    write_json(out_dir / "zero_variance_groups.json", zero_variance_group_table(config.clip_eps, config.advantage_eps))
 
     # Stages 3-5: the branches, their prompt presentations, their resume checks.
     dirs, presentations = run_branches(config, runs_root, group_sizes, iterations, start_file, sampler,

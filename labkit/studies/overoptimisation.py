@@ -300,7 +300,7 @@ def run_best_of_n(preset: str = "tiny", progress: bool = True) -> list[dict]:
     rollouts = sampling.sample_fast(model.eval(), tokenizer, [p["prompt"] for p in problems for _ in range(D)],
                                     [hashed_seed(f"best-of-n/{p['id']}/{d}") for p in problems for d in range(D)],
                                     problem_ids=[p["id"] for p in problems for _ in range(D)],
-                                    max_new_tokens=config.max_response_tokens, batch_size=config.eval_batch_size)
+                                    max_new_tokens=config.max_new_tokens, batch_size=config.eval_batch_size)
     rows = []
     for k, r in enumerate(rollouts):
         p = problems[k // D]
@@ -358,7 +358,7 @@ class ValidationCurves:
             loop.model, loop.tokenizer, prompts,
             [hashed_seed(f"overoptimisation/{p['id']}/{d}") for p in self.problems for d in range(D)],
             problem_ids=[p["id"] for p in self.problems for _ in range(D)],
-            max_new_tokens=loop.config.max_response_tokens, batch_size=loop.config.eval_batch_size)
+            max_new_tokens=loop.config.max_new_tokens, batch_size=loop.config.eval_batch_size)
         responses = [r.response_ids for r in rollouts]
         yes, p = self.proxy.rewards(prompts, responses)
         kl = sequence_kl(loop.model, loop.reference, prompts, responses, loop.tokenizer.pad_token_id)

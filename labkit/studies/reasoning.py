@@ -8,7 +8,7 @@ the variants' length penalty), on the worked variant of the task
 (`labkit.task.worked`): the prompts are chains of k = 1 ... 8 movements (GRPO's pool:
 `thinking_base.TRAIN_SEED`, 100 chains per k), a response may work before it answers, and it is
 scored by `worked.score_worked`.  What differs from the protocol's loop is only what a worked
-answer needs: the prompts, the verifier, the response limit (`worked.WORKED_MAX_RESPONSE_TOKENS`)
+answer needs: the prompts, the verifier, the response limit (`worked.WORKED_MAX_NEW_TOKENS`)
 and the reward the run optimises (`REWARDS`):
 
     outcome           1 when the final object holds the target and the response keeps every rule
@@ -90,7 +90,7 @@ class ReasoningRun:
     base: str
     reward: str = "outcome"
     length_penalty: float = 0.0
-    """the variants' penalty: reward - length_penalty x (response tokens / WORKED_MAX_RESPONSE_TOKENS)"""
+    """the variants' penalty: reward - length_penalty x (response tokens / WORKED_MAX_NEW_TOKENS)"""
 
     def __post_init__(self):
         if self.reward not in REWARDS:
@@ -121,7 +121,7 @@ def get_run(name: str) -> ReasoningRun:
 def preset_config(cfg: ReasoningConfig):
     """The tiny preset's config with the worked runs' budget (the loss's settings stay the protocol's)."""
     return replace(TINY, prompts_per_iteration=cfg.prompts_per_iteration, grpo_iterations=cfg.iterations,
-                   grpo_lr=cfg.lr, max_response_tokens=worked.WORKED_MAX_RESPONSE_TOKENS)
+                   grpo_lr=cfg.lr, max_new_tokens=worked.WORKED_MAX_NEW_TOKENS)
 
 
 def chain_pool(per_k: int) -> list[dict]:
@@ -168,7 +168,7 @@ def sample_iteration(loop: core.Loop, iteration: int, reward) -> core.Sampled:
     G = loop.G
     rollouts = sampling.get_sampler(SAMPLER)(
         loop.model, loop.tokenizer, [loop.prompts[p["id"]] for p in chosen for _ in range(G)], seeds,
-        max_new_tokens=worked.WORKED_MAX_RESPONSE_TOKENS, problem_ids=[p["id"] for p in chosen for _ in range(G)],
+        max_new_tokens=worked.WORKED_MAX_NEW_TOKENS, problem_ids=[p["id"] for p in chosen for _ in range(G)],
         rollout_ids=[f"{stem}-{j}" for stem in core.group_stems(chosen, G, iteration) for j in range(G)],
         policy_digest=models.parameter_digest(loop.model))
     groups = []

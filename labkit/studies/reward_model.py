@@ -16,7 +16,7 @@ The model: a classifier on a frozen judge's scores.  The judge is the warm start
 teacher-forced forward of it over (prompt, response) gives the response's token log-probs
 logp_1..logp_n, and five features:
 
-    x = (sum logp, min logp, mean logp, n / max_response_tokens, 1 if the response ended with EOS)
+    x = (sum logp, min logp, mean logp, n / max_new_tokens, 1 if the response ended with EOS)
     p(correct) = sigmoid(w . (x - mu) / sigma + b)     logistic regression, float64, exact Newton
                                                        steps, L2 penalty `l2` on w
     proxy reward = 1 if p(correct) >= threshold else 0   a learned yes/no in the verifier's place
@@ -76,7 +76,7 @@ def sample_seed(policy: str, problem_id: str, draw: int) -> int:
 
 @torch.no_grad()
 def judge_features(judge, prompts: list[list[int]], responses: list[list[int]], pad_id: int, eos_id: int,
-                   max_response_tokens: int = scoring.MAX_RESPONSE_TOKENS) -> torch.Tensor:
+                   max_new_tokens: int = scoring.MAX_NEW_TOKENS) -> torch.Tensor:
     """(N, 5) float64: FEATURES of each (prompt, response), one teacher-forced judge forward per batch.
 
     logp (N, R) is the judge's log-prob of each response token (0 beyond the response); the
@@ -90,7 +90,7 @@ def judge_features(judge, prompts: list[list[int]], responses: list[list[int]], 
         total = logp.double().sum(1)
         lowest = logp.double().masked_fill(~mask, float("inf")).min(1).values
         ended = torch.tensor([float(r[-1] == eos_id) for r in responses[i:i + SCORE_BATCH]], dtype=torch.float64)
-        out.append(torch.stack([total, lowest, total / n, n / max_response_tokens, ended.to(logp.device)], 1).cpu())
+        out.append(torch.stack([total, lowest, total / n, n / max_new_tokens, ended.to(logp.device)], 1).cpu())
     return torch.cat(out) if out else torch.zeros(0, len(FEATURES), dtype=torch.float64)
 
 

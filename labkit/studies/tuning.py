@@ -46,12 +46,12 @@ def validation_profile(config: PresetConfig, state_file: str | Path, draws: int 
         return [score(r.text, r.finish_reason, labels[r.problem_id]["problem"], r.tokenization_valid) for r in rollouts]
 
     greedy = verdicts(sampling.sample_fast(model, tokenizer, prompts, greedy=True, problem_ids=ids,
-                                           max_new_tokens=config.max_response_tokens))
+                                           max_new_tokens=config.max_new_tokens))
     generator = torch.Generator().manual_seed(VALIDATION_DRAW_SEED)
     seeds = torch.randint(0, 2**62, (len(prompts) * draws,), generator=generator).tolist()
     sampled = verdicts(sampling.sample_fast(model, tokenizer, [p for p in prompts for _ in range(draws)], seeds,
                                             problem_ids=[i for i in ids for _ in range(draws)],
-                                            max_new_tokens=config.max_response_tokens))
+                                            max_new_tokens=config.max_new_tokens))
     groups = [sampled[i : i + draws] for i in range(0, len(sampled), draws)]
     return {
         "greedy_accuracy": sum(v.reward for v in greedy) / len(greedy),

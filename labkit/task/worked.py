@@ -17,7 +17,7 @@ thing before end-of-sequence.  Its verdict, `score_worked`:
   against the chain's target;
 * the working (everything before that "{") may hold no "{" or "}" at all ("json_in_working"),
   at most MAX_WORKING_CHARS characters ("working_too_long"); a response that hit the token limit
-  (WORKED_MAX_RESPONSE_TOKENS, set at sampling) or holds an id the tokenizer lacks fails first,
+  (WORKED_MAX_NEW_TOKENS, set at sampling) or holds an id the tokenizer lacks fails first,
   as in the protocol;
 * the working is read, never run: a *step* is `a + b = c` or `a - b = c` with whole numbers of at
   most 9 digits, found by a regular expression.  A response **thinks** when its working holds at
@@ -48,7 +48,7 @@ WORKED_INSTRUCTION = ('Work it out step by step, one movement per line as "a + b
 # The sampler's limit for a worked answer: the solver's own worked answer to eight movements at OOD100
 # magnitudes takes at most 123 tokens with its end-of-sequence over 2,000 drawn chains (tests/test_worked.py
 # measures it), so 160 leaves a model room for a slip; the samplers allow up to `rollouts.SAMPLER_TOKEN_LIMIT` (256).
-WORKED_MAX_RESPONSE_TOKENS = 160
+WORKED_MAX_NEW_TOKENS = 160
 MAX_WORKING_CHARS = 400  # eight steps of "100 + 100 = 200" and their line breaks fit three times over
 MAX_MOVEMENTS = 8
 

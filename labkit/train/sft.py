@@ -548,7 +548,7 @@ def _train_branch(config: PresetConfig, branch: str, plan: Plan, folder: RunFold
             autosave.kept()
             times["epochs"].append(epoch_times)
             tqdm_write(bar, f"{branch} epoch {epoch}: validation NLL {b.progress['validation'][-1]['nll']:.4f}")
-            autosave.stop_if_asked(b.progress["updates_done"], end, folder / name, "epoch",
+            autosave.stop_if_asked(b.progress["updates_done"], end, folder / name, "update",
                                    f"--resume-from {display_path(folder / name)}")
         bar.close()
     autosave.finish()

@@ -130,7 +130,7 @@ def check_ch02_sequence_logprob(sequence_logprob, real=None) -> bool:
     It must return sum_j log_softmax(logits[j])[response_ids[j]], the log-probability of the
     whole response, within 1e-9 on float64 cases (including logits far apart, where
     log(softmax) underflows).  `real`, optional: (logits (R, V), response_ids (R,),
-    old_logprobs list of R floats) of a sampled rollout; the answer must then match the
+    logp_old list of R floats) of a sampled rollout; the answer must then match the
     sum of the recorded log-probs within 2e-4 per token (the protocol's tolerance).  A stub's
     NotImplementedError propagates unchanged.
     """

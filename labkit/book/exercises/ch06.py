@@ -221,7 +221,7 @@ def _ch06_loss_batch(iteration: int | None = None, runs=None) -> dict:
             _, logits_ref = scoring.response_logprobs(warm, batch, return_logits=True)
         mask = batch.response_mask.bool()
         b = {"rows": rows, "mask": mask, "logits_cur": logits_cur.double(), "logits_ref": logits_ref.double(),
-             "logp_old": core.padded([r["old_logprobs"] for r in rows], mask.shape[1]).double(),
+             "logp_old": core.padded([r["logp_old"] for r in rows], mask.shape[1]).double(),
              "advantages": torch.tensor([r["advantage"] for r in rows], dtype=torch.float64),
              "group_size": config.group_size, "clip_eps": config.clip_eps, "kl_coef": config.kl_coef,
              "response_ids": [r["response_ids"] for r in rows]}

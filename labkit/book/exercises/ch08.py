@@ -24,20 +24,20 @@ def _ch08_first_wrong(cases, values, reference, slips, default_hint: str, call) 
                             f"Hint: {hint}.")
 
 
-def check_ch08_zero_signal(zero_signal_fraction) -> bool:
-    """Grade chapter 8's exercise: `zero_signal_fraction(p, G) -> float`.
+def check_ch08_zero_signal(expected_frac_reward_zero_std) -> bool:
+    """Grade chapter 8's exercise: `expected_frac_reward_zero_std(p, G) -> float`.
 
     The chance that a group of G independent rewards, each 1 with probability p, is
     constant (all right or all wrong), so its advantages are all zero: p^G + (1-p)^G.
-    Compared with `labkit.grpo.losses.zero_signal_fraction` within 1e-12.
+    Compared with `labkit.grpo.losses.expected_frac_reward_zero_std` within 1e-12.
     """
-    from ...grpo.losses import zero_signal_fraction as reference
+    from ...grpo.losses import expected_frac_reward_zero_std as reference
 
-    require_function(zero_signal_fraction)
+    require_function(expected_frac_reward_zero_std)
     values = []
     for number, (p, G) in enumerate(CH08_CASES, start=1):
-        where = f"case {number} of {len(CH08_CASES)}: zero_signal_fraction(p={p}, G={G})"
-        got = call_student(zero_signal_fraction, p, G, where=where, not_written="zero_signal_fraction")
+        where = f"case {number} of {len(CH08_CASES)}: expected_frac_reward_zero_std(p={p}, G={G})"
+        got = call_student(expected_frac_reward_zero_std, p, G, where=where, not_written="expected_frac_reward_zero_std")
         try:
             values.append(float(got))
         except (TypeError, ValueError):
@@ -54,8 +54,8 @@ def check_ch08_zero_signal(zero_signal_fraction) -> bool:
     )
     _ch08_first_wrong(CH08_CASES, values, reference, slips,
                       "a group is constant when all G rewards are 1 (probability p^G) or all are 0",
-                      lambda p, G: f"zero_signal_fraction(p={p}, G={G})")
-    print(f"Correct: your zero_signal_fraction agrees with p^G + (1-p)^G on all {len(CH08_CASES)} cases.")
+                      lambda p, G: f"expected_frac_reward_zero_std(p={p}, G={G})")
+    print(f"Correct: your expected_frac_reward_zero_std agrees with p^G + (1-p)^G on all {len(CH08_CASES)} cases.")
     return True
 
 
