@@ -178,7 +178,7 @@ def cmd_grpo(args: argparse.Namespace) -> int:
             raise ValueError(f"--{name.replace('_', '-')} {value}: must be at least "
                              f"{0 if name == 'checkpoint_every' else 1}")
     out = grpo.run_grpo(
-        config.with_overrides(**curves) if curves else config, args.run_dir, group_size=args.group_size, iterations=args.iterations,
+        config.with_overrides(**curves) if curves else config, args.run_dir, G=args.G, iterations=args.iterations,
         stop_after=args.stop_after, save_states_at=stop_at, resume_from=args.resume_from, sampler=args.sampler,
         resume=args.resume, restart=args.restart,
         device=args.device, overwrite=args.overwrite, progress=not args.no_progress,
@@ -194,11 +194,11 @@ def cmd_grpo_resume_check(args: argparse.Namespace) -> int:
     """Continuous GRPO run vs stop + resume in fresh processes; writes resume_report.json."""
     from .grpo import loop as grpo
 
-    report = grpo.resume_check(args.preset, group_size=args.group_size, stop_at=args.stop_at,
+    report = grpo.resume_check(args.preset, G=args.G, stop_at=args.stop_at,
                                sampler=args.sampler, device=args.device, overwrite=args.overwrite)
     end = report["end_state"]
     extra = report["cost"]["extra_for_the_check"]["total_seconds"]
-    print(f"GRPO G={report['group_size']}: resume equal={report['equal']} over {end['compared_fields']} fields "
+    print(f"GRPO G={report['G']}: resume equal={report['equal']} over {end['compared_fields']} fields "
           f"(differences: {end['different_fields'][:5]}); the check cost {extra:.1f} s extra")
     return 0 if report["equal"] else 1
 
@@ -419,7 +419,7 @@ def cmd_grpo_large(args: argparse.Namespace) -> int:
         out = larger_run.train(args.preset, device=args.device, progress=not args.no_progress,
                                overwrite=args.overwrite)
         print(f"larger GRPO run: {out['rollouts']} rollouts, {out['updates']} updates "
-              f"({config.prompts_per_iteration} prompts x G={config.group_size}, lr {config.grpo_lr:g}) "
+              f"({config.prompts_per_iteration} prompts x G={config.G}, lr {config.grpo_lr:g}) "
               f"in {out['seconds']:.1f} s")
     evaluated = larger_run.evaluate_all(args.preset, device=args.device)
     print(f"evaluated: {', '.join(evaluated) or 'nothing (all finished)'}")
@@ -527,7 +527,7 @@ def _add_grpo_command(sub) -> None:
     """The `grpo` subcommand."""
     p = sub.add_parser("grpo", help="GRPO from the warm start: 100 iterations x 4 prompts x G responses, 2 updates each")
     _add_sft_arguments(p)
-    p.add_argument("--group-size", type=int, default=None, help="G, responses per prompt (default: the preset's 4)")
+    p.add_argument("--group-size", dest="G", type=int, default=None, help="G, responses per prompt (default: the preset's 4)")
     p.add_argument("--iterations", type=int, default=None, help="total iterations (default: the preset's 100)")
     p.add_argument("--run-dir", default=None, help="run folder (default: runs/<preset>/grpo or grpo_g<G>)")
     p.add_argument("--stop-after", type=int, default=None, help="stop (and save the state) after this iteration")
@@ -571,7 +571,7 @@ def _add_training_commands(sub) -> None:
 
     p = sub.add_parser("grpo-resume-check", help="GRPO: stop, resume in a fresh process, compare with the continuous run")
     _add_sft_arguments(p)
-    p.add_argument("--group-size", type=int, default=None, help="G of the run to check (default: 4)")
+    p.add_argument("--group-size", dest="G", type=int, default=None, help="G of the run to check (default: 4)")
     p.add_argument("--stop-at", type=int, default=40, help="iteration after which to stop (default: %(default)s)")
     p.add_argument("--sampler", default="reference", choices=["reference", "fast"], help="the run's sampler")
     p.set_defaults(func=cmd_grpo_resume_check)

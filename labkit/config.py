@@ -84,7 +84,7 @@ class PresetConfig:
     """iterations of sample-then-update"""
     prompts_per_iteration: int = 4
     """P prompts per iteration, from a seeded permutation of the 872-problem pool"""
-    group_size: int = 4
+    G: int = 4
     """G responses per prompt; the advantages compare them"""
     updates_per_iteration: int = 2
     """updates on the same rollouts (with 1, rho = 1 and the clip never acts)"""

@@ -642,7 +642,7 @@ def prepare_grpo(s: Smoke) -> None:
     makes the run's state; then iteration 1's prompts and seeds by `core.draw_prompts`."""
     config = s.config.with_overrides(max_new_tokens=s.max_new_tokens)
     seed_everything(config.seed)
-    s.loop = core.new_loop(config, config.group_size, config.grpo_iterations, s.model, s.reference, s.tokenizer,
+    s.loop = core.new_loop(config, config.G, config.grpo_iterations, s.model, s.reference, s.tokenizer,
                            s.start_digest, start_label="smoke warm start", sampler="reference", device=s.device,
                            resolved=variants.resolve(variants.Variant(), config), extra_identity={"smoke_layers": s.model_config.num_hidden_layers})
     s.chosen, s.seeds = core.draw_prompts(s.loop)
@@ -754,7 +754,7 @@ def kl_agreement(rows: int, vocab: int, block_size: int, device: str, seed: int 
 
 
 def stage_kl_blocks(s: Smoke, detail: dict) -> None:
-    rows = s.config.prompts_per_iteration * s.config.group_size * s.max_new_tokens  # the update's prefixes
+    rows = s.config.prompts_per_iteration * s.config.G * s.max_new_tokens  # the update's prefixes
     detail.update(kl_agreement(rows, s.model_config.vocab_size, s.config.kl_block_size, s.device))
     if not detail["ok"]:
         raise RuntimeError(f"the blocked KL disagrees beyond {KL_TOLERANCE:g}: {detail}")

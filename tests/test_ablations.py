@@ -24,7 +24,7 @@ def _labels() -> dict:
 
 
 def test_the_sweep_file_is_the_design_the_chapters_describe():
-    assert SPEC["config"] == {"prompts_per_iteration": 16, "group_size": 8, "grpo_iterations": 40, "grpo_lr": 1e-4}
+    assert SPEC["config"] == {"prompts_per_iteration": 16, "G": 8, "grpo_iterations": 40, "grpo_lr": 1e-4}
     assert (SPEC["sampler"], SPEC["shared_prompts"], SPEC["folder"]) == ("fast", True, "ablations")
     names = [r["name"] for r in SPEC["runs"]]
     assert sorted(names) == sorted([ablations.PARTNER, *ablations.CHANGES])
@@ -33,7 +33,7 @@ def test_the_sweep_file_is_the_design_the_chapters_describe():
     assert betas == [0.0, 0.2, 1.0, 5.0] and get_preset("tiny").kl_coef == 0.02  # with the partner's 0.02
     for name in ("split_64x2", "split_32x4", "split_8x16"):
         c = settings[name]["config"]
-        assert c["prompts_per_iteration"] * c["group_size"] == 16 * 8 == 128  # one budget of rollouts, split
+        assert c["prompts_per_iteration"] * c["G"] == 16 * 8 == 128  # one budget of rollouts, split
     assert {n for n in names if settings[n]["config"].get("clip_eps") == 0.99} == {
         "updates_2_clip_0p99", "updates_4_clip_0p99", "updates_16_clip_0p99", "updates_16_clip_0p99_rate_3e-4"}
     updates = {r.get("options", {}).get("updates_per_iteration") or get_preset("tiny").updates_per_iteration
@@ -48,7 +48,7 @@ def _differences(spec: dict, partner: dict) -> set[str]:
     out = {f"options.{k}" for k in spec["options"] if spec["options"][k] != partner["options"][k]}
     keys = set(spec["config_overrides"]) | set(partner["config_overrides"])
     out |= {f"config.{k}" for k in keys if spec["config_overrides"].get(k) != partner["config_overrides"].get(k)}
-    return out | ({"group_size"} if spec["group_size"] != partner["group_size"] else set())
+    return out | ({"G"} if spec["G"] != partner["G"] else set())
 
 
 EXPECTED_DIFFERENCES = {
@@ -60,7 +60,7 @@ EXPECTED_DIFFERENCES = {
     "updates_16_rate_3e-4": {"options.updates_per_iteration", "config.grpo_lr"},
     "updates_16_clip_0p99_rate_3e-4": {"options.updates_per_iteration", "config.grpo_lr", "config.clip_eps"},
     **{b: {"config.kl_coef"} for b in ("beta_0", "beta_0p2", "beta_1", "beta_5")},
-    **{s: {"config.prompts_per_iteration", "group_size"} for s in ("split_64x2", "split_32x4", "split_8x16")},
+    **{s: {"config.prompts_per_iteration", "G"} for s in ("split_64x2", "split_32x4", "split_8x16")},
     "grpo_seed_2": {"config.seed"}, "grpo_seed_3": {"config.seed"},
     "rft": {"options.objective", "options.kl"}, "sft": {"options.objective", "options.kl"},
     **{f"{m}_seed_{k}": {"options.objective", "options.kl", "config.seed"} for m in ("rft", "sft") for k in (2, 3)},

@@ -13,8 +13,8 @@ GRPO_RUN = REPO_ROOT / "runs" / "tiny" / "grpo"
 @pytest.mark.parametrize("argv, message", [
     (["grpo", "--iterations", "0", "--stop-after", "0"], "iterations 0: must be at least 1"),
     (["grpo", "--iterations", "-3"], "iterations -3: must be at least 1"),
-    (["grpo", "--group-size", "0"], "group_size 0: a group needs at least 2 responses"),
-    (["grpo", "--group-size", "-2"], "group_size -2: a group needs at least 2 responses"),
+    (["grpo", "--group-size", "0"], "G 0: a group needs at least 2 responses"),
+    (["grpo", "--group-size", "-2"], "G -2: a group needs at least 2 responses"),
     (["grpo", "--iterations", "5", "--stop-after", "9"], "stop_after 9: must lie in 1..5"),
     (["grpo", "--threads", "0"], "--threads 0: must be at least 1"),
     (["warm-start", "--validation-limit", "-5"], "--validation-limit -5: must be at least 1"),

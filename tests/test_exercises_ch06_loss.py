@@ -27,10 +27,10 @@ def _parts(logp_cur, logp_old, advantages, mask, logits_cur, logits_ref, clip_ep
     return objective, kl
 
 
-def _sequence_mean(values, mask, group_size):
+def _sequence_mean(values, mask, G):
     m = mask.to(values.dtype)
     per_response = torch.where(mask, values, torch.zeros_like(values)).sum(1) / m.sum(1)
-    return per_response.view(-1, group_size).mean(1).mean()
+    return per_response.view(-1, G).mean(1).mean()
 
 
 def make(**slip):
@@ -38,12 +38,12 @@ def make(**slip):
     reduction = slip.pop("reduction", "sequence")
     negate = slip.pop("negate", False)
 
-    def grpo_loss(logp_cur, logp_old, advantages, mask, logits_cur, logits_ref, group_size, clip_eps, kl_coef):
+    def grpo_loss(logp_cur, logp_old, advantages, mask, logits_cur, logits_ref, G, clip_eps, kl_coef):
         objective, kl = _parts(logp_cur, logp_old, advantages, mask, logits_cur, logits_ref, clip_eps, **slip)
         per_token = (objective if negate else -objective) + kl_sign * kl_coef * kl
         if reduction == "token":
             return torch.where(mask, per_token, torch.zeros_like(per_token)).sum() / mask.sum()
-        return _sequence_mean(per_token, mask, group_size)
+        return _sequence_mean(per_token, mask, G)
     return grpo_loss
 
 
@@ -101,7 +101,7 @@ def test_shape_gradient_and_crash_are_reported(batch):
 
 
 def test_an_advantage_not_broadcast_per_token_is_explained_in_one_line():
-    def not_broadcast(logp_cur, logp_old, advantages, mask, logits_cur, logits_ref, group_size, clip_eps, kl_coef):
+    def not_broadcast(logp_cur, logp_old, advantages, mask, logits_cur, logits_ref, G, clip_eps, kl_coef):
         assert logp_cur.shape[1] != advantages.shape[0]  # the real batch: (16, T) against (16,), T != 16
         return (torch.exp(logp_cur - logp_old) * advantages).sum()
 

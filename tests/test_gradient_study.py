@@ -93,7 +93,7 @@ def test_a_batch_gradient_is_the_clipped_surrogates_at_ratio_one():
     logp, _ = scoring.response_logprobs(model, batch)
     A = gs.scheme_advantages(rewards, "mean_std").reshape(-1).float()
     model.zero_grad(set_to_none=True)
-    loss, _ = losses.clipped_surrogate(logp, logp.detach(), A, batch.response_mask, group_size=2)
+    loss, _ = losses.clipped_surrogate(logp, logp.detach(), A, batch.response_mask, G=2)
     loss.backward()
     expected = gs._flat_grad(model)
     assert expected.abs().max() > 1e-4  # a real gradient, not two zeros

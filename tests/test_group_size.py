@@ -52,7 +52,7 @@ def exercise(tmp_path_factory):
     for rel in gs.PROTECTED_CODE:
         (code / rel).parent.mkdir(parents=True, exist_ok=True)
         (code / rel).write_text(f"# stand-in for {rel}\n")
-    grpo.run_grpo(SMALL, root / "grpo", group_size=4, iterations=3, start_file=start, progress=False)
+    grpo.run_grpo(SMALL, root / "grpo", G=4, iterations=3, start_file=start, progress=False)
     manifest = gs.run_exercise(SMALL, runs_root=root, code_root=code, iterations=ITERATIONS, start_file=start,
                                resume_checks=False, evaluate=False, validation_limit=2, progress=False)
     return {"root": root, "code": code, "start": start, "manifest": manifest}
@@ -99,7 +99,7 @@ def test_budget_arithmetic(exercise):
     p_info = budget["zero_signal"]["p"]
     assert p_info["responses"] == 2 * SMALL.eval_draws and p_info["p"] == p_info["correct"] / p_info["responses"]
     for point in budget["zero_signal"]["points"]:
-        G, p = point["group_size"], p_info["p"]
+        G, p = point["G"], p_info["p"]
         assert point["predicted"] == p ** G + (1 - p) ** G
     text = gs.format_budget_table(budget)
     assert "Same updates is not same cost" in text and "not an ablation of group size alone" in text

@@ -28,7 +28,7 @@ SMALL = TINY.with_overrides(max_new_tokens=6, grpo_lr=1e-3, checkpoint_every=1, 
 
 
 def run(tmp, start_file, **kw):
-    return grpo.run_grpo(SMALL, tmp, group_size=2, iterations=3, start_file=start_file, progress=False, **kw)
+    return grpo.run_grpo(SMALL, tmp, G=2, iterations=3, start_file=start_file, progress=False, **kw)
 
 
 @pytest.fixture(scope="module")
@@ -92,7 +92,7 @@ def test_checkpoint_curves_change_no_weight_and_no_rollout(tmp_path, start_file,
     """The curves sample with seeds of their own and train nothing: the same run without them ends
     in the same weights, bit for bit, with the same rollouts."""
     folder, with_curves = continuous
-    without = grpo.run_grpo(SMALL.with_overrides(checkpoint_every=0), tmp_path / "without", group_size=2,
+    without = grpo.run_grpo(SMALL.with_overrides(checkpoint_every=0), tmp_path / "without", G=2,
                             iterations=3, start_file=start_file, progress=False)
     assert with_curves["final_digest"] == without["final_digest"]
     assert grpo.read_rollouts(folder) == grpo.read_rollouts(tmp_path / "without")
@@ -110,7 +110,7 @@ def test_a_problem_drawn_twice_in_one_iteration_makes_two_groups(tmp_path, start
     pool = core.load_pool()[:20]
     monkeypatch.setattr(core, "load_pool", lambda: pool)
     config = SMALL.with_overrides(prompts_per_iteration=32, checkpoint_every=0)
-    grpo.run_grpo(config, tmp_path / "run", group_size=2, iterations=1, start_file=start_file, progress=False)
+    grpo.run_grpo(config, tmp_path / "run", G=2, iterations=1, start_file=start_file, progress=False)
     rows = grpo.read_rollouts(tmp_path / "run")
     history = json.loads((tmp_path / "run" / "history.json").read_text())[0]
     assert len(history["problem_ids"]) == 32 and len(set(history["problem_ids"])) == 20
@@ -124,16 +124,16 @@ def test_a_problem_drawn_twice_in_one_iteration_makes_two_groups(tmp_path, start
 def test_iteration_metrics_groups_by_position():
     rows = [{"problem_id": "train-0200", "reward": r, "response_ids": [1], "finish_reason": "eos"}
             for r in (1.0, 0.0, 1.0, 1.0)]  # one problem, two groups: (1, 0) has signal, (1, 1) has none
-    metrics = core.iteration_metrics(rows, [True] * 4, group_size=2)
+    metrics = core.iteration_metrics(rows, [True] * 4, G=2)
     assert metrics["frac_reward_zero_std"] == 0.5 and metrics["reward_std"] == 0.25
     with pytest.raises(ValueError, match="groups of 3"):
-        core.iteration_metrics(rows, [True] * 4, group_size=3)
+        core.iteration_metrics(rows, [True] * 4, G=3)
 
 
 def test_resume_refuses_a_state_of_another_run(tmp_path, start_file):
     run(tmp_path / "stop", start_file, stop_after=1)
     with pytest.raises(ValueError, match="another run"):
-        grpo.run_grpo(SMALL, tmp_path / "other", group_size=4, iterations=3, start_file=start_file,
+        grpo.run_grpo(SMALL, tmp_path / "other", G=4, iterations=3, start_file=start_file,
                       progress=False, resume_from=grpo.state_path(tmp_path / "stop", 1))
 
 
@@ -210,7 +210,7 @@ def test_a_corrupted_start_file_is_refused(tmp_path, start_file):
     data[-50] ^= 0x10
     bad.write_bytes(bytes(data))
     with pytest.raises(ValueError, match="corrupted or changed after it was saved"):
-        grpo.run_grpo(SMALL, tmp_path / "run", group_size=2, iterations=1, start_file=bad, progress=False)
+        grpo.run_grpo(SMALL, tmp_path / "run", G=2, iterations=1, start_file=bad, progress=False)
 
 
 def test_a_start_file_that_differs_from_its_producers_record_is_refused(tmp_path, start_file):
@@ -223,7 +223,7 @@ def test_a_start_file_that_differs_from_its_producers_record_is_refused(tmp_path
     (warm / "parts.json").unlink()
     models.save_model(models.new_tiny_model(seed=4), warm / "model.safetensors")
     with pytest.raises(grpo.ArtifactError) as refused:
-        grpo.run_grpo(SMALL, tmp_path / "run", group_size=2, iterations=1, start_file=warm / "model.safetensors",
+        grpo.run_grpo(SMALL, tmp_path / "run", G=2, iterations=1, start_file=warm / "model.safetensors",
                       progress=False)
     message = str(refused.value)
     assert recorded in message and sha256_file(warm / "model.safetensors") in message

@@ -60,7 +60,7 @@ def assert_matches_snapshot(values: dict) -> None:
 def test_the_loss_and_its_gradient_match_the_snapshot():
     policy, reference, batch, old, advantages = snapshot_inputs()
     logp_cur, logits_cur = scoring.response_logprobs(policy, batch, return_logits=True)
-    loss, metrics = core.objective_loss(logp_cur, logits_cur, core.reference_scores(reference, batch),
+    loss, metrics = core.grpo_loss(logp_cur, logits_cur, core.reference_scores(reference, batch),
                                         batch.response_mask, old, advantages, 2, TINY, variants.resolve(Variant(), TINY))
     loss.backward()
     assert_matches_snapshot({"loss": float(loss.detach()), **metrics, **gradient_summary(policy)})
@@ -97,7 +97,7 @@ def test_an_iteration_runs_three_scoring_forwards(tmp_path, monkeypatch):
 
     monkeypatch.setattr(scoring, "response_logits", counting)
     small = TINY.with_overrides(max_new_tokens=4, checkpoint_every=0)  # the curves score with forwards of their own
-    grpo.run_grpo(small, tmp_path / "run", group_size=2, iterations=2, start_file=start, progress=False)
+    grpo.run_grpo(small, tmp_path / "run", G=2, iterations=2, start_file=start, progress=False)
     B = small.prompts_per_iteration * 2
     assert [rows for _, rows in calls] == [B] * 6, calls
     models_seen = [m for m, _ in calls]

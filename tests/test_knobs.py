@@ -64,7 +64,7 @@ def test_the_zero_signal_knobs_move_their_point():
 
 def test_the_temperature_knob_sharpens_and_flattens_the_distribution():
     logits = torch.tensor([2.0, 1.0, 0.0, -1.0])
-    knob = knobs.temperature(logits, ["a", "b", "c", "d"], "answer digit 1", group_size=4, top=4)
+    knob = knobs.temperature(logits, ["a", "b", "c", "d"], "answer digit 1", G=4, top=4)
     box = knob.widget()
     (slider,) = sliders(box).values()
     heights = lambda: [bar.get_height() for bar in knob.figure.axes[0].patches]  # noqa: E731

@@ -9,8 +9,8 @@ from labkit.config import TINY
 def test_the_larger_run_changes_only_the_batch_and_the_rate():
     config = larger_run.larger_config("tiny")
     changed = {k for k, v in config.to_dict().items() if TINY.to_dict()[k] != v}
-    assert changed <= {"prompts_per_iteration", "group_size", "grpo_iterations", "grpo_lr"}
-    assert config.prompts_per_iteration * config.group_size == 16 * TINY.prompts_per_iteration * TINY.group_size
+    assert changed <= {"prompts_per_iteration", "G", "grpo_iterations", "grpo_lr"}
+    assert config.prompts_per_iteration * config.G == 16 * TINY.prompts_per_iteration * TINY.G
     assert config.updates_per_iteration == TINY.updates_per_iteration and config.kl_coef == TINY.kl_coef
     assert config.fingerprint() != TINY.fingerprint()  # another config names another run
 

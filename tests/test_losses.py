@@ -125,7 +125,7 @@ def test_reduce_tokens_hand_values_token_then_response_then_prompt():
     values = torch.tensor([[1.0, 3.0, 99.0], [2.0, 99.0, 99.0], [4.0, 4.0, 4.0], [0.0, 6.0, 99.0]], dtype=torch.float64)
     mask = torch.tensor([[1, 1, 0], [1, 0, 0], [1, 1, 1], [1, 1, 0]], dtype=torch.bool)
     # response means 2, 2, 4, 3; group means (G=2) 2, 3.5; prompt mean 2.75
-    assert reduce_tokens(values, mask, group_size=2).item() == 2.75
+    assert reduce_tokens(values, mask, G=2).item() == 2.75
     assert reduce_tokens(values, mask).item() == 2.75  # equal groups: same as the response mean
     assert masked_mean(values, mask, dim=1).tolist() == [2.0, 2.0, 4.0, 3.0]
 
@@ -136,7 +136,7 @@ def test_each_response_gets_the_same_total_weight_whatever_its_length():
     for i, n in enumerate(lengths):
         mask[i, :n] = True
     values = torch.ones(4, 64, dtype=torch.float64, requires_grad=True)
-    reduce_tokens(values, mask, group_size=2).backward()
+    reduce_tokens(values, mask, G=2).backward()
     per_row_total = values.grad.sum(dim=1)
     assert torch.allclose(per_row_total, torch.full((4,), 0.25, dtype=torch.float64), rtol=0, atol=1e-15)
     for i, n in enumerate(lengths):  # per token: 1 / (P G L_i)
@@ -151,11 +151,11 @@ def test_each_response_gets_the_same_total_weight_whatever_its_length():
 def test_reduction_refuses_empty_rows_and_bad_group_size():
     values = torch.ones(4, 3)
     mask = torch.ones(4, 3, dtype=torch.bool)
-    with pytest.raises(ValueError, match="group_size"):
-        reduce_tokens(values, mask, group_size=3)
+    with pytest.raises(ValueError, match="G"):
+        reduce_tokens(values, mask, G=3)
     mask[2] = False
     with pytest.raises(ValueError, match=r"\[2\]"):
-        reduce_tokens(values, mask, group_size=2)
+        reduce_tokens(values, mask, G=2)
 
 
 # ----------------------------------------------------------------------------
@@ -185,7 +185,7 @@ def _hand_batch():
 
 def test_clipped_surrogate_value_on_hand_built_batch():
     logp_cur, logp_old, adv, mask = _hand_batch()
-    loss, _ = clipped_surrogate(logp_cur, logp_old, adv, mask, clip_eps=0.2, group_size=2)
+    loss, _ = clipped_surrogate(logp_cur, logp_old, adv, mask, clip_eps=0.2, G=2)
     lengths = [3, 3, 2, 1]
     response_means = [sum(OBJ[i][: lengths[i]]) / lengths[i] for i in range(4)]
     expected = -((response_means[0] + response_means[1]) / 2 + (response_means[2] + response_means[3]) / 2) / 2
@@ -196,7 +196,7 @@ def test_clipped_surrogate_value_on_hand_built_batch():
 
 def test_surrogate_gradient_is_rho_times_a_unclipped_and_exactly_zero_clipped():
     logp_cur, logp_old, adv, mask = _hand_batch()
-    loss, _ = clipped_surrogate(logp_cur, logp_old, adv, mask, clip_eps=0.2, group_size=2)
+    loss, _ = clipped_surrogate(logp_cur, logp_old, adv, mask, clip_eps=0.2, G=2)
     loss.backward()
     lengths = torch.tensor([3.0, 3.0, 2.0, 1.0], dtype=torch.float64)
     weight = 1.0 / (4 * lengths)[:, None]  # 1 / (P G L_i)
@@ -226,7 +226,7 @@ def test_on_policy_ratio_is_one_and_gradient_is_advantage_over_length(sign):
     logp_old = torch.tensor([[-0.5, -1.0, -0.1, -2.0], [-0.3, -9.0, -9.0, -9.0]], dtype=torch.float64)
     logp_cur = logp_old.clone().requires_grad_()
     adv = sign * torch.tensor([2.0, 2.0], dtype=torch.float64)
-    loss, stats = clipped_surrogate(logp_cur, logp_old, adv, mask, group_size=2)
+    loss, stats = clipped_surrogate(logp_cur, logp_old, adv, mask, G=2)
     assert loss.item() == -sign * 2.0
     assert stats["clip_ratio/region_mean"] == 0.0 and stats["ratio/mean"] == 1.0
     loss.backward()

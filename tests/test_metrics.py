@@ -19,7 +19,7 @@ def grpo_run(tmp_path_factory):
     root = tmp_path_factory.mktemp("metrics")
     start = root / "start.safetensors"
     models.save_model(models.new_tiny_model(seed=3), start)
-    grpo.run_grpo(TINY.with_overrides(max_new_tokens=4, checkpoint_problems=8), root / "grpo", group_size=2,
+    grpo.run_grpo(TINY.with_overrides(max_new_tokens=4, checkpoint_problems=8), root / "grpo", G=2,
                   iterations=2,
                   start_file=start, progress=False)
     return root / "grpo"

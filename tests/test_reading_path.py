@@ -15,7 +15,7 @@ def test_the_path_starts_at_run_iteration_and_reaches_the_objective_and_the_exac
     names = {(f.module, f.name) for f in RESULT["functions"]}
     assert RESULT["functions"][0].name == "run_iteration"
     for key in [("labkit.grpo.core", "sample_iteration"), ("labkit.grpo.core", "update_iteration"),
-                ("labkit.grpo.core", "objective_loss"), ("labkit.grpo.losses", "clipped_surrogate"),
+                ("labkit.grpo.core", "grpo_loss"), ("labkit.grpo.losses", "clipped_surrogate"),
                 ("labkit.grpo.losses", "group_advantages"), ("labkit.grpo.losses", "exact_prefix_kl"),
                 ("labkit.grpo.losses", "_ExactPrefixKL.backward")]:
         assert key in names, key

@@ -91,23 +91,23 @@ def exact_float64(monkeypatch):
     monkeypatch.setattr(modeling_qwen2.Qwen2RMSNorm, "forward", _exact_rms_norm)
 
 
-def _plain(model, prompts, responses, group_size, pad_id):
-    batch = scoring.make_batch([prompts[b // group_size] for b in range(len(responses))], responses, pad_id)
+def _plain(model, prompts, responses, G, pad_id):
+    batch = scoring.make_batch([prompts[b // G] for b in range(len(responses))], responses, pad_id)
     logp, logits = scoring.response_logprobs(model, batch, return_logits=True)
     return logp, logits, batch.response_mask
 
 
-def _shared(model, prompts, responses, group_size, pad_id):
-    logp, logits = shared_prompt.shared_response_logprobs(model, prompts, responses, group_size, pad_id,
+def _shared(model, prompts, responses, G, pad_id):
+    logp, logits = shared_prompt.shared_response_logprobs(model, prompts, responses, G, pad_id,
                                                           return_logits=True)
-    mask = scoring.make_batch([prompts[b // group_size] for b in range(len(responses))], responses,
+    mask = scoring.make_batch([prompts[b // G] for b in range(len(responses))], responses,
                               pad_id).response_mask
     return logp, logits, mask
 
 
-def _plain_head64(model, prompts, responses, group_size, pad_id):
+def _plain_head64(model, prompts, responses, G, pad_id):
     """The plain path with the head in the model's dtype (scoring casts the logits to float32)."""
-    batch = scoring.make_batch([prompts[b // group_size] for b in range(len(responses))], responses, pad_id)
+    batch = scoring.make_batch([prompts[b // G] for b in range(len(responses))], responses, pad_id)
     hidden = model.model(input_ids=batch.input_ids, attention_mask=batch.attention_mask,
                          position_ids=batch.position_ids, use_cache=False).last_hidden_state
     positions = scoring.predicting_positions(batch)
@@ -115,8 +115,8 @@ def _plain_head64(model, prompts, responses, group_size, pad_id):
     return _head64(model, hidden, batch.response_ids, batch.response_mask)
 
 
-def _shared_head64(model, prompts, responses, group_size, pad_id):
-    hidden, ids, mask = shared_prompt.shared_response_hidden(model, prompts, responses, group_size, pad_id)
+def _shared_head64(model, prompts, responses, G, pad_id):
+    hidden, ids, mask = shared_prompt.shared_response_hidden(model, prompts, responses, G, pad_id)
     return _head64(model, hidden, ids, mask)
 
 
@@ -208,14 +208,14 @@ def test_wrong_number_of_responses_is_refused_naming_the_counts(tiny, rows, coun
     model, _ = tiny
     prompts, responses, G, pad_id = rows
     responses = (responses * 2)[:count]
-    with pytest.raises(ValueError, match=rf"{count} responses for 3 prompts x group_size 4: expected 12"):
+    with pytest.raises(ValueError, match=rf"{count} responses for 3 prompts x G 4: expected 12"):
         shared_prompt.shared_response_logprobs(model, prompts, responses, G, pad_id)
 
 
 def test_bad_group_size_prompts_and_rows_are_refused(tiny, rows):
     model, _ = tiny
     prompts, responses, G, pad_id = rows
-    with pytest.raises(ValueError, match="group_size must be a positive integer"):
+    with pytest.raises(ValueError, match="G must be a positive integer"):
         shared_prompt.shared_response_logprobs(model, prompts, responses, 0, pad_id)
     with pytest.raises(ValueError, match="at least one prompt"):
         shared_prompt.shared_response_logprobs(model, [], [], G, pad_id)
@@ -228,7 +228,7 @@ def test_bad_group_size_prompts_and_rows_are_refused(tiny, rows):
 def test_benchmark_reports_both_paths(tiny, rows):
     model, _ = tiny
     report = shared_prompt.benchmark(model, *rows, repeats=1)
-    assert set(report) == {"plain_s", "shared_s", "ratio", "rows", "prompts", "group_size", "repeats",
+    assert set(report) == {"plain_s", "shared_s", "ratio", "rows", "prompts", "G", "repeats",
                            "max_abs_logp_diff"}
     assert report["rows"] == 12 and report["max_abs_logp_diff"] <= F32["logp"]
     assert all(p.grad is None for p in model.parameters())

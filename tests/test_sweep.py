@@ -44,29 +44,29 @@ def test_a_sweep_file_may_set_each_runs_budget_sampler_and_folder(tmp_path):
     run's, the rest config overrides; `folder` keeps the runs apart from chapter 9's."""
     path = tmp_path / "ablations.json"
     path.write_text(json.dumps({
-        "config": {"prompts_per_iteration": 16, "group_size": 8, "grpo_iterations": 40, "grpo_lr": 1e-4},
+        "config": {"prompts_per_iteration": 16, "G": 8, "grpo_iterations": 40, "grpo_lr": 1e-4},
         "sampler": "fast", "shared_prompts": True, "folder": "ablations",
         "runs": [{"name": "grpo", "options": {}},
-                 {"name": "split", "options": {}, "config": {"prompts_per_iteration": 64, "group_size": 2}},
+                 {"name": "split", "options": {}, "config": {"prompts_per_iteration": 64, "G": 2}},
                  {"name": "wide_clip", "options": {"updates_per_iteration": 4}, "config": {"clip_eps": 0.99}}]}))
     settings = sweep.load_settings(path)
-    assert settings["split"]["config"] == {"prompts_per_iteration": 64, "group_size": 2, "grpo_iterations": 40,
+    assert settings["split"]["config"] == {"prompts_per_iteration": 64, "G": 2, "grpo_iterations": 40,
                                            "grpo_lr": 1e-4}
     assert sweep.sweep_root(path, "tiny") == sweep.REPO_ROOT / "runs" / "tiny" / "sweep" / "ablations"
     model = tmp_path / "model.safetensors"
     model.write_bytes(b"a start")
     grpo_spec, split, wide_clip = sweep.plan("tiny", sweep.load_runs(path), root=tmp_path, start_file=model,
                                            settings=settings)
-    assert (grpo_spec["group_size"], grpo_spec["iterations"]) == (8, 40)
+    assert (grpo_spec["G"], grpo_spec["iterations"]) == (8, 40)
     assert grpo_spec["config_overrides"] == {"prompts_per_iteration": 16, "grpo_lr": 1e-4}
-    assert (split["group_size"], split["config_overrides"]["prompts_per_iteration"]) == (2, 64)
+    assert (split["G"], split["config_overrides"]["prompts_per_iteration"]) == (2, 64)
     assert wide_clip["config_overrides"]["clip_eps"] == 0.99 and wide_clip["options"]["updates_per_iteration"] == 4
     assert grpo_spec["sampler"] == "fast" and grpo_spec["shared_prompts"] is True
     plain = sweep.plan("tiny", [("grpo", Variant())], root=tmp_path, start_file=model)[0]
     assert "shared_prompts" not in plain and plain["folder"] != grpo_spec["folder"]
     for bad, message in (({"config": {"clip": 0.2}}, r"unknown key\(s\) \['clip'\]"),
                          ({"config": {"kl_coef": -1}}, r"kl_coef=-1: expected a number >= 0"),
-                         ({"config": {"group_size": 1}}, r"group_size=1: expected an integer >= 2"),
+                         ({"config": {"G": 1}}, r"G=1: expected an integer >= 2"),
                          ({"config": {"clip_eps": 1e9}}, r"clip_eps=1000000000.0: expected a number in \(0, 1\)"),
                          ({"config": {"grpo_iterations": 2.5}}, r"grpo_iterations=2.5: expected a positive integer"),
                          ({"sampler": "gpu"}, r"sampler 'gpu': expected one of"),
@@ -184,7 +184,7 @@ def test_the_committed_chapter10_sweep_is_complete_and_rescored_exactly():
     problems = {p["id"]: p["problem"] for p in core.load_pool()}
     for spec in specs:
         rows = grpo.read_rollouts(spec["folder"])
-        assert len(rows) == spec["iterations"] * spec["group_size"] * get_preset("tiny").prompts_per_iteration
+        assert len(rows) == spec["iterations"] * spec["G"] * get_preset("tiny").prompts_per_iteration
         for r in rows:
             v = verifier.score(r["text"], r["finish_reason"], problems[r["problem_id"]], r["tokenization_valid"])
             assert float(v.reward) == r["reward"]

@@ -25,7 +25,7 @@ def start_file(tmp_path_factory):
 
 def run(folder, start_file, variant, **kw):
     kw.setdefault("iterations", 2)
-    manifest = grpo.run_grpo(SMALL, folder, group_size=2, start_file=start_file, progress=False, variant=variant, **kw)
+    manifest = grpo.run_grpo(SMALL, folder, G=2, start_file=start_file, progress=False, variant=variant, **kw)
     history = json.loads((folder / "history.json").read_text()) if (folder / "history.json").exists() else None
     return manifest, history, grpo.read_rollouts(folder)
 

@@ -240,17 +240,17 @@ def bench_iteration(max_new_tokens: int, start_file: Path) -> dict:
     for name, sampler, shared in (("protocol (reference sampler, plain)", "reference", False),
                                   ("fast sampler, shared-prompt scoring", "fast", True),
                                   ("static sampler, shared-prompt scoring", "static", True)):
-        loop = grpo.start_loop(config, config.group_size, 1, start_file, sampler, "cpu",
+        loop = grpo.start_loop(config, config.G, 1, start_file, sampler, "cpu",
                                variants.resolve(variants.Variant(), config), shared_prompts=shared)
         record, rows, timings = core.run_iteration(loop, 0, sampler)
         # the reference forward alone, on the same batch, to split "optimisation" into its parts
         prompts = [loop.prompts[r["problem_id"]] for r in rows]
         responses = [r["response_ids"] for r in rows]
         batch = scoring.make_batch(prompts, responses, loop.tokenizer.pad_token_id)
-        score = (core.shared_prompt_scorer(prompts, responses, loop.G, loop.tokenizer.pad_token_id) if shared
-                 else core.plain_scorer(batch))
+        scorer = (core.shared_prompt_scorer(prompts, responses, loop.G, loop.tokenizer.pad_token_id) if shared
+                  else core.plain_scorer(batch))
         start = time.perf_counter()
-        core.reference_scores(loop.reference, batch, score)
+        core.reference_scores(loop.reference, batch, scorer)
         reference_s = time.perf_counter() - start
         parts = {"generation": timings["generation"], "reference": reference_s,
                  "updates": timings["optimisation"] - reference_s, "check": timings["logprob_check"]}

@@ -102,23 +102,23 @@ class Knob:
 # -- chapter 2: temperature ------------------------------------------------------------------------------
 
 
-def temperature_distribution(logits, temperature: float, group_size: int = 4) -> tuple[list[float], float]:
-    """(softmax(logits / T) as a list, the chance that `group_size` independent draws all pick the same
+def temperature_distribution(logits, temperature: float, G: int = 4) -> tuple[list[float], float]:
+    """(softmax(logits / T) as a list, the chance that `G` independent draws all pick the same
     token: the sum of p_v^G).  logits: (V,) of one position.  T = 1 is the distribution the lab samples."""
     import torch
 
     if not temperature > 0:
         raise ValueError(f"temperature {temperature!r}: must be > 0")
     p = torch.softmax(torch.as_tensor(logits, dtype=torch.float64) / temperature, dim=-1)
-    return p.tolist(), float(p.pow(group_size).sum())
+    return p.tolist(), float(p.pow(G).sum())
 
 
-def temperature(logits, labels: list[str], position: str, group_size: int = 4, top: int = 8) -> Knob:
+def temperature(logits, labels: list[str], position: str, G: int = 4, top: int = 8) -> Knob:
     """Chapter 2: the next-token distribution at one position of a rollout at temperature T, its `top`
-    likeliest tokens, and the chance that a group of `group_size` would all draw the same one there."""
+    likeliest tokens, and the chance that a group of `G` would all draw the same one there."""
 
     def draw(T: float):
-        probs, agree = temperature_distribution(logits, T, group_size)
+        probs, agree = temperature_distribution(logits, T, G)
         order = sorted(range(len(probs)), key=lambda v: -probs[v])[:top]
         fig, ax = plt.subplots(figsize=(6, 2.8))
         ax.bar(range(len(order)), [probs[v] for v in order],
@@ -126,7 +126,7 @@ def temperature(logits, labels: list[str], position: str, group_size: int = 4, t
         ax.set_xticks(range(len(order)), [labels[v] for v in order], family="monospace")
         ax.set_ylim(0, 1)
         ax.set_ylabel("probability")
-        ax.set_title(f"{position}, temperature {T:g}: {group_size} draws agree with probability {agree:.3f}",
+        ax.set_title(f"{position}, temperature {T:g}: {G} draws agree with probability {agree:.3f}",
                      fontsize=9)
         fig.tight_layout()
         return fig

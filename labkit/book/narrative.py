@@ -64,12 +64,12 @@ def count_change(before: tuple[int, int], after: tuple[int, int], what: str) -> 
     return f"{what} did not change measurably: {first}, then {second} ({moved}, {p})"
 
 
-def signal_fraction_range(p_low: float, p_high: float, group_size: int) -> tuple[float, float]:
+def signal_fraction_range(p_low: float, p_high: float, G: int) -> tuple[float, float]:
     """(min, max) of the share of groups WITH signal, 1 - `losses.expected_frac_reward_zero_std(p, G)` =
     1 - p^G - (1-p)^G, for p in [p_low, p_high]: it rises up to p = 1/2, then falls."""
-    values = [1.0 - expected_frac_reward_zero_std(p_low, group_size), 1.0 - expected_frac_reward_zero_std(p_high, group_size)]
+    values = [1.0 - expected_frac_reward_zero_std(p_low, G), 1.0 - expected_frac_reward_zero_std(p_high, G)]
     if p_low <= 0.5 <= p_high:
-        values.append(1.0 - expected_frac_reward_zero_std(0.5, group_size))
+        values.append(1.0 - expected_frac_reward_zero_std(0.5, G))
     return min(values), max(values)
 
 

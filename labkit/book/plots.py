@@ -372,7 +372,7 @@ def plot_pass_at_k(results: dict, population: str = "ALL"):
 def plot_zero_signal_curve(p: float, points: list[dict], max_group_size: int = 16, p_label: str = "warm start"):
     """The zero-signal fraction p^G + (1-p)^G against G, with each run's measured fraction (chapter 8).
 
-    p: the success rate the curve is drawn for.  points: dicts with "policy", "group_size",
+    p: the success rate the curve is drawn for.  points: dicts with "policy", "G",
     "groups" and "measured" (the mean of frac_reward_zero_std over a run's iterations), as
     in budget.json's zero_signal.points.  The measured points come from runs whose policy
     moved while they ran; the curve assumes one fixed p for every prompt.
@@ -384,7 +384,7 @@ def plot_zero_signal_curve(p: float, points: list[dict], max_group_size: int = 1
     ax.plot(sizes, [expected_frac_reward_zero_std(p, g) for g in sizes], color="tab:gray",
             label=f"$p^G + (1-p)^G$, p = {p:.3f} ({p_label})")
     for pt in points:
-        ax.scatter([pt["group_size"]], [pt["measured"]], zorder=3,
+        ax.scatter([pt["G"]], [pt["measured"]], zorder=3,
                    label=f"{pt['policy']}: measured over {pt['groups']} groups")
     ax.set_xlabel("group size G")
     ax.set_ylabel("fraction of groups with zero variance")

@@ -361,7 +361,7 @@ def _ablation_section(run: Path) -> list[str]:
                 "The ablation sweep is not built for this code: `python -m labkit sweep sweeps/ablations.json`."]
     out = ["", "## What each piece does: the ablation sweep (chapters 2-8 and the objectives appendix)", "",
            f"Every run starts from the warm start at {partner.prompts_per_iteration} prompts x G = "
-           f"{partner.group_size}, {partner.iterations} iterations, rate {ablations.format_rate(partner.lr)} "
+           f"{partner.G}, {partner.iterations} iterations, rate {ablations.format_rate(partner.lr)} "
            "(`sweeps/ablations.json`), with the same prompts and seeds as `grpo`, and changes what its row says. "
            "Differences are against `grpo`, paired: on the test (200 problems x 4 draws) and on the last "
            "fixed-prompt validation checkpoint (64 problems x 4 draws), with the permutation test's p (\"<= p\": no "

@@ -82,13 +82,13 @@ def _rewards(rollouts: list[rollouts.Rollout], problems: list[dict]) -> list:
     return [score(r.text, r.finish_reason, problem, r.tokenization_valid) for r, problem in zip(rollouts, problems)]
 
 
-def entropy_and_kl(model, reference, rollouts: list[rollouts.Rollout], group_size: int,
+def entropy_and_kl(model, reference, rollouts: list[rollouts.Rollout], G: int,
                    pad_id: int) -> tuple[float, float]:
     """(mean token entropy of `model`, exact KL(model || reference)) on the sampled responses.
 
-    Both per token, reduced token -> response -> prompt (groups of `group_size` consecutive
+    Both per token, reduced token -> response -> prompt (groups of `G` consecutive
     rows), teacher-forced without gradient, SCORING_ROWS rows per forward (whole groups)."""
-    step = max(group_size, SCORING_ROWS // group_size * group_size)
+    step = max(G, SCORING_ROWS // G * G)
     entropy_sum, kl_sum, groups = 0.0, 0.0, 0
     with torch.no_grad():
         for first in range(0, len(rollouts), step):
@@ -97,9 +97,9 @@ def entropy_and_kl(model, reference, rollouts: list[rollouts.Rollout], group_siz
             _, logits = scoring.response_logprobs(model, batch, return_logits=True)  # (b, R, V)
             _, logits_ref = scoring.response_logprobs(reference, batch, return_logits=True)
             mask = batch.response_mask.to(logits.device)
-            n = len(chunk) // group_size
-            entropy_sum += n * float(losses.reduce_tokens(losses.token_entropy(logits), mask, group_size))
-            kl_sum += n * float(losses.reduce_tokens(losses.exact_prefix_kl(logits, logits_ref), mask, group_size))
+            n = len(chunk) // G
+            entropy_sum += n * float(losses.reduce_tokens(losses.token_entropy(logits), mask, G))
+            kl_sum += n * float(losses.reduce_tokens(losses.exact_prefix_kl(logits, logits_ref), mask, G))
             groups += n
     return entropy_sum / groups, kl_sum / groups
 

@@ -15,7 +15,7 @@ at the end of this file down:
     4. check that full-sequence scoring reproduces the recorded log-probs (within 2e-4)
     5. two updates on the same rollouts: clipped surrogate + 0.02 x exact prefix KL,
        AdamW, grad-norm clip 1, warm-up then linear decay of the learning rate
-       (`update_iteration` -> `grpo_update` -> `objective_loss` -> `losses.clipped_surrogate`)
+       (`update_iteration` -> `grpo_update` -> `grpo_loss` -> `losses.clipped_surrogate`)
     6. the iteration's log record and its raw rollouts (`record_iteration`)
 
 Eval mode throughout (dropout off): it does not forbid autograd.  No critic.
@@ -128,10 +128,10 @@ def group_stems(chosen: list[dict], G: int, iteration: int) -> list[str]:
     return stems
 
 
-def iteration_metrics(rows: list[dict], valid: list[bool], group_size: int) -> dict:
+def iteration_metrics(rows: list[dict], valid: list[bool], G: int) -> dict:
     """The per-iteration figures of the log, from the iteration's rollout rows (prompt-major groups).
 
-    A group is `group_size` consecutive rows, identified by its position in the iteration, never
+    A group is `G` consecutive rows, identified by its position in the iteration, never
     by its problem id: when the prompt order wraps into a new permutation inside one iteration,
     the same problem can be drawn twice, and its two groups stay two groups.
 
@@ -142,9 +142,9 @@ def iteration_metrics(rows: list[dict], valid: list[bool], group_size: int) -> d
     completions/mean_length     mean response length in tokens, EOS included
     completions/clipped_ratio   share of responses cut at the token limit (finish_reason "length")
     """
-    if group_size < 1 or len(rows) % group_size:
-        raise ValueError(f"{len(rows)} rollout rows do not split into groups of {group_size}")
-    rewards = torch.tensor([float(r["reward"]) for r in rows]).reshape(-1, group_size)  # (P, G)
+    if G < 1 or len(rows) % G:
+        raise ValueError(f"{len(rows)} rollout rows do not split into groups of {G}")
+    rewards = torch.tensor([float(r["reward"]) for r in rows]).reshape(-1, G)  # (P, G)
     return {
         "reward": float(rewards.mean()),
         "reward_std": float(rewards.std(correction=0, dim=1).mean()),
@@ -167,26 +167,26 @@ def padded(rows: list[list[float]], width: int) -> torch.Tensor:
 
 
 def plain_scorer(batch: scoring.Batch):
-    """score(model) -> (logp (B, R), logits (B, R, V)): one forward over each full row (the protocol's)."""
+    """scorer(model) -> (logp (B, R), logits (B, R, V)): one forward over each full row (the protocol's)."""
     return lambda model: scoring.response_logprobs(model, batch, return_logits=True)
 
 
 def shared_prompt_scorer(prompts: list[list[int]], responses: list[list[int]], G: int, pad_id: int):
-    """score(model) -> the same (B, R), (B, R, V) as `plain_scorer`, each of the P prompts computed once
+    """scorer(model) -> the same (B, R), (B, R, V) as `plain_scorer`, each of the P prompts computed once
     for its G responses (`labkit.models.shared_prompt`; equal within float32 rounding).  prompts: P x G rows."""
     return lambda model: shared_prompt.shared_response_logprobs(model, prompts[::G], responses, G, pad_id,
                                                                 return_logits=True)
 
 
-def reference_scores(reference, batch: scoring.Batch, score=None) -> tuple[torch.Tensor, torch.Tensor]:
-    """(logp_ref (B, R), logits_ref (B, R, V)) of the frozen reference: one forward per iteration,
-    shared by its updates (the reference and the batch do not change between them).
-    score: a scorer (`plain_scorer`, the default, or `shared_prompt_scorer`)."""
+def reference_scores(reference, batch: scoring.Batch, scorer=None) -> tuple[torch.Tensor, torch.Tensor]:
+    """ref_scores = (logp_ref (B, R), logits_ref (B, R, V)) of the frozen `reference` policy: one forward per
+    iteration, shared by its updates (the reference and the batch do not change between them).
+    scorer: `plain_scorer` (the default) or `shared_prompt_scorer`."""
     with torch.no_grad():
-        return (score or plain_scorer(batch))(reference)
+        return (scorer or plain_scorer(batch))(reference)
 
 
-def objective_loss(logp_cur: torch.Tensor, logits_cur: torch.Tensor, reference: tuple[torch.Tensor, torch.Tensor],
+def grpo_loss(logp_cur: torch.Tensor, logits_cur: torch.Tensor, ref_scores: tuple[torch.Tensor, torch.Tensor],
                    mask: torch.Tensor, logp_old: torch.Tensor | None, advantages: torch.Tensor | None, G: int,
                    config: PresetConfig, resolved: Resolved, measure_mask: torch.Tensor | None = None,
                    token_weights: torch.Tensor | None = None) -> tuple[torch.Tensor, dict]:
@@ -195,7 +195,7 @@ def objective_loss(logp_cur: torch.Tensor, logits_cur: torch.Tensor, reference: 
 
     logp_cur, logits_cur: (B, R), (B, R, V) of the current policy (with gradients), B = P x G
                           rows, prompt-major, R the longest response
-    reference:            (logp_ref (B, R), logits_ref (B, R, V)) of the frozen reference (`reference_scores`)
+    ref_scores:           (logp_ref (B, R), logits_ref (B, R, V)) of the frozen reference (`reference_scores`)
     mask:                 (B, R) the tokens the loss sees; logp_old (B, R) recorded at sampling time;
                           advantages (B,) one per response (both detached; None for RFT and SFT)
     token_weights:        (B, R) truncated importance sampling's weights on the term, or None
@@ -209,14 +209,14 @@ def objective_loss(logp_cur: torch.Tensor, logits_cur: torch.Tensor, reference: 
     groups = G if resolved.objective.grouped else None
     reduction = resolved.reduction
     term, term_stats = resolved.objective.term(
-        logp_cur, logp_old, advantages, mask, clip_eps=config.clip_eps, group_size=groups, reduction=reduction,
+        logp_cur, logp_old, advantages, mask, clip_eps=config.clip_eps, G=groups, reduction=reduction,
         clip_eps_high=resolved.clip_eps_high, max_new_tokens=config.max_new_tokens,
         token_weights=token_weights)
     reduce = lambda values: losses.reduce(values, mask, groups, reduction, config.max_new_tokens)  # noqa: E731
     measured = mask if measure_mask is None else measure_mask
     measure = (reduce if reduction == "sequence" and measured is mask
                else lambda values: losses.reduce(values, measured, groups, "sequence"))  # noqa: E731
-    penalty, exact, k3 = resolved.kl_term((logp_cur, logits_cur), reference, reduce, measure, config.kl_block_size)
+    penalty, exact, k3 = resolved.kl_term((logp_cur, logits_cur), ref_scores, reduce, measure, config.kl_block_size)
     loss = term + config.kl_coef * penalty
     with torch.no_grad():
         entropy = measure(losses.token_entropy(logits_cur.detach()))
@@ -226,13 +226,14 @@ def objective_loss(logp_cur: torch.Tensor, logits_cur: torch.Tensor, reference: 
 
 
 def grpo_update(model, optimizer, batch: scoring.Batch, logp_old: torch.Tensor | None,
-                advantages: torch.Tensor | None, reference: tuple[torch.Tensor, torch.Tensor], lr: float, *,
-                G: int, config: PresetConfig, resolved: Resolved, before_step=None, score=None,
+                advantages: torch.Tensor | None, ref_scores: tuple[torch.Tensor, torch.Tensor], lr: float, *,
+                G: int, config: PresetConfig, resolved: Resolved, before_step=None, scorer=None,
                 loss_mask: torch.Tensor | None = None, token_weights: torch.Tensor | None = None) -> dict:
-    """One AdamW update of the loss (`objective_loss`) at learning rate `lr`, gradient norm clipped
+    """One AdamW update of the loss (`grpo_loss`) at learning rate `lr`, gradient norm clipped
     (`schedule.clipped_step`); returns its metrics.
 
-    One forward of the current policy (`score`: a scorer of the batch, default `plain_scorer`).
+    One forward of the current policy (`scorer`: of the batch, default `plain_scorer`); ref_scores: the
+    frozen reference's (`reference_scores`).
     `before_step(logp_cur)` (detached, (B, R)) runs after it and before anything changes the
     weights: the loop passes the pre-update check there, so the check costs no forward of its own.
     resolved: the run's variant, resolved once (`labkit.grpo.variants.resolve`; the protocol's is
@@ -242,12 +243,12 @@ def grpo_update(model, optimizer, batch: scoring.Batch, logp_old: torch.Tensor |
     """
     device = next(model.parameters()).device
     optimizer.zero_grad(set_to_none=True)
-    logp_cur, logits_cur = (score or plain_scorer(batch))(model)  # (B, R), (B, R, V)
+    logp_cur, logits_cur = (scorer or plain_scorer(batch))(model)  # (B, R), (B, R, V)
     if before_step is not None:
         before_step(logp_cur.detach())
     mask = (batch.response_mask if loss_mask is None else loss_mask).to(device)
     to_device = lambda t: None if t is None else t.to(device)  # noqa: E731  (RFT and SFT have neither)
-    loss, metrics = objective_loss(logp_cur, logits_cur, reference, mask, to_device(logp_old),
+    loss, metrics = grpo_loss(logp_cur, logits_cur, ref_scores, mask, to_device(logp_old),
                                    to_device(advantages), G, config, resolved,
                                    measure_mask=None if loss_mask is None else batch.response_mask.to(device),
                                    token_weights=to_device(token_weights))
@@ -338,7 +339,7 @@ def new_loop(config: PresetConfig, G: int, total_iterations: int, model, referen
                                   weight_decay=config.grpo_weight_decay)
     pool = load_pool()
     identity = {
-        "preset": config.name, "config_fingerprint": config.fingerprint(), "group_size": G,
+        "preset": config.name, "config_fingerprint": config.fingerprint(), "G": G,
         "iterations": total_iterations, "sampler": sampler, "device": device,
         "torch_threads": torch.get_num_threads(), "start_file": start_label,
         "start_digest": start_digest, "pool_ids": [r["id"] for r in pool],
@@ -472,13 +473,13 @@ def update_iteration(loop: Loop, s: Sampled) -> tuple[list[dict], dict]:
         batch = scoring.make_batch(prompts, responses, pad_id=loop.tokenizer.pad_token_id, limits=limits)
         loss_mask = None if kept is None else batch.response_mask * kept[:, None].to(batch.response_mask.dtype)
         logp_old = padded([r.logp_old for r in rollouts], batch.response_mask.shape[1]) if on_rollouts else None
-        score = (shared_prompt_scorer(prompts, responses, G, loop.tokenizer.pad_token_id)
-                 if loop.shared_prompts and on_rollouts else plain_scorer(batch))
-        reference = reference_scores(loop.reference, batch, score)
+        scorer = (shared_prompt_scorer(prompts, responses, G, loop.tokenizer.pad_token_id)
+                  if loop.shared_prompts and on_rollouts else plain_scorer(batch))
+        ref_scores = reference_scores(loop.reference, batch, scorer)
         weights = None  # (B, R) truncated importance sampling's, or None
         if resolved.recompute_logp_old:  # the trainer's logp_old replaces the sampler's record
             with torch.no_grad():
-                trainer_logp_old = score(loop.model)[0]
+                trainer_logp_old = scorer(loop.model)[0]
             pre_update_check(trainer_logp_old)
             if resolved.tis_cap is not None:
                 weights = losses.truncated_importance_weights(trainer_logp_old, logp_old, batch.response_mask,
@@ -491,9 +492,9 @@ def update_iteration(loop: Loop, s: Sampled) -> tuple[list[dict], dict]:
             lr = warmup_linear_decay(loop.next_update, loop.total_updates, config.grpo_lr, config.warmup_fraction,
                                      config.final_lr_fraction)
             first = k == 0 and on_rollouts and not resolved.recompute_logp_old
-            updates.append(grpo_update(loop.model, loop.optimizer, batch, logp_old, s.advantages, reference, lr,
+            updates.append(grpo_update(loop.model, loop.optimizer, batch, logp_old, s.advantages, ref_scores, lr,
                                        G=G, config=config, resolved=resolved,
-                                       before_step=pre_update_check if first else None, score=score,
+                                       before_step=pre_update_check if first else None, scorer=scorer,
                                        loss_mask=loss_mask, token_weights=weights))
             loop.next_update += 1
     else:  # RFT with no correct response (or every response overlong): nothing to learn from, no update

@@ -38,9 +38,9 @@ PROTOCOL = Variant()  # the protocol's loop: every switch at its default
 # -- 1. Where a run starts ----------------------------------------------------------------------
 
 
-def default_run_dir(preset: str, group_size: int) -> Path:
+def default_run_dir(preset: str, G: int) -> Path:
     """runs/<preset>/grpo for the preset's own group size, runs/<preset>/grpo_g<G> for another."""
-    name = "grpo" if group_size == get_preset(preset).group_size else f"grpo_g{group_size}"
+    name = "grpo" if G == get_preset(preset).G else f"grpo_g{G}"
     return preset_folder(preset, name)
 
 
@@ -87,11 +87,11 @@ def start_loop(config: PresetConfig, G: int, total_iterations: int, start_file: 
 
 def _check_options(config: PresetConfig, G: int, total_iterations: int, stop_after, save_states_at) -> int:
     """Refuse bad option values before any work; returns the last iteration this call runs."""
-    for name, value in (("group_size", G), ("iterations", total_iterations), ("stop_after", stop_after)):
+    for name, value in (("G", G), ("iterations", total_iterations), ("stop_after", stop_after)):
         if value is not None and (isinstance(value, bool) or not isinstance(value, int)):
             raise ValueError(f"{name} {value!r}: must be an integer")
     if G < 2:
-        raise ValueError(f"group_size {G}: a group needs at least 2 responses (its advantages compare them)")
+        raise ValueError(f"G {G}: a group needs at least 2 responses (its advantages compare them)")
     if total_iterations < 1:
         raise ValueError(f"iterations {total_iterations}: must be at least 1")
     if stop_after is not None and not 1 <= stop_after <= total_iterations:
@@ -155,7 +155,7 @@ def run_grpo(
     config: PresetConfig | str,
     run_dir: str | Path | None = None,
     *,
-    group_size: int | None = None,
+    G: int | None = None,
     iterations: int | None = None,
     stop_after: int | None = None,
     save_states_at: tuple[int, ...] = (),
@@ -173,7 +173,7 @@ def run_grpo(
 ) -> dict:
     """Run GRPO into `run_dir`; returns the manifest (or, when stopped early, a summary).
 
-    group_size      G (default: the preset's 4); iterations: default the preset's 100
+    G               responses per prompt (default: the preset's 4); iterations: default the preset's 100
     stop_after      stop after this many iterations (saving the state); the run is then not finished
     save_states_at  iterations after which to save a full state (the last is always saved; a
                     state is also saved every skeleton.AUTOSAVE_EVERY iterations or AUTOSAVE_SECONDS, kept until
@@ -196,7 +196,7 @@ def run_grpo(
     resume (a second Ctrl-C stops at once; the newest saved state is then the one to resume from).
     """
     config = get_preset(config) if isinstance(config, str) else config
-    G = config.group_size if group_size is None else group_size
+    G = config.G if G is None else G
     total_iterations = config.grpo_iterations if iterations is None else iterations
     end_iteration = _check_options(config, G, total_iterations, stop_after, save_states_at)
     if resume and resume_from is not None:
@@ -399,7 +399,7 @@ def read_timings(run_dir: str | Path) -> list[dict]:
 def resume_check(
     config: PresetConfig | str,
     *,
-    group_size: int | None = None,
+    G: int | None = None,
     stop_at: int = 40,
     run_dir: str | Path | None = None,
     scratch_dir: str | Path | None = None,
@@ -418,7 +418,7 @@ def resume_check(
     from ..lab.runs import sha256_file
 
     config = get_preset(config) if isinstance(config, str) else config
-    G = group_size or config.group_size
+    G = G or config.G
     run_dir = Path(run_dir or default_run_dir(config.name, G))
     if not is_finished(run_dir):
         raise FileNotFoundError(f"{run_dir} is not a finished run; the check compares against it")
@@ -451,6 +451,6 @@ def resume_check(
         scratch_dir=Path(scratch_dir or REPO_ROOT / "runs" / "scratch" / config.name / run_dir.name),
         end_state=lambda folder: state_path(folder, total), stop=stop, resume=resume_into, extras=extras,
         boundary=f"after iteration {stop_at} of {total} (both updates done, state saved)",
-        facts={"preset": config.name, "group_size": G}, continuous_seconds=continuous["seconds"],
+        facts={"preset": config.name, "G": G}, continuous_seconds=continuous["seconds"],
         extra_work={"extra_iterations": total},
     ), threads)

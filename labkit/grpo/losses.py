@@ -46,7 +46,7 @@ def zero_variance_groups(rewards: torch.Tensor) -> torch.Tensor:
     return (rewards == rewards[:, :1]).all(dim=1)
 
 
-def expected_frac_reward_zero_std(p: float, group_size: int) -> float:
+def expected_frac_reward_zero_std(p: float, G: int) -> float:
     """Chance that a group of G independent 0/1 rewards with success rate p is constant.
 
         P(all right) + P(all wrong) = p^G + (1 - p)^G
@@ -57,9 +57,9 @@ def expected_frac_reward_zero_std(p: float, group_size: int) -> float:
     """
     if not 0.0 <= p <= 1.0:
         raise ValueError(f"p is a success rate and must lie in [0, 1], got {p}")
-    if int(group_size) != group_size or group_size < 1:
-        raise ValueError(f"group_size G must be a positive integer, got {group_size}")
-    return p ** group_size + (1.0 - p) ** group_size
+    if int(G) != G or G < 1:
+        raise ValueError(f"G (responses per prompt) must be a positive integer, got {G}")
+    return p ** G + (1.0 - p) ** G
 
 
 def group_advantages(rewards: torch.Tensor, eps: float = 1e-8, scale_by_std: bool = True) -> torch.Tensor:
@@ -150,7 +150,7 @@ def masked_mean(values: torch.Tensor, mask: torch.Tensor, dim: int = -1) -> torc
     return torch.where(mask.bool(), values, zeros).sum(dim=dim) / counts
 
 
-def reduce_tokens(values: torch.Tensor, mask: torch.Tensor, group_size: int | None = None) -> torch.Tensor:
+def reduce_tokens(values: torch.Tensor, mask: torch.Tensor, G: int | None = None) -> torch.Tensor:
     """The lab's reduction of per-token values to one scalar, in three stages.
 
         per response  m_i = (1 / L_i) sum_t mask_it values_it     L_i = active tokens of row i
@@ -158,7 +158,7 @@ def reduce_tokens(values: torch.Tensor, mask: torch.Tensor, group_size: int | No
         over prompts  out = (1 / P)   sum_p g_p
 
     values, mask: (B, T) with B = P * G, rows prompt-major.  Returns a 0-d tensor.
-    group_size: G; None means one group holding all B rows.
+    G: G; None means one group holding all B rows.
 
     Each response weighs 1 / (P G) whatever its length: a long response spreads the same
     total weight over more tokens (per token 1 / (P G L_i)).  Because every group has the
@@ -168,11 +168,11 @@ def reduce_tokens(values: torch.Tensor, mask: torch.Tensor, group_size: int | No
     """
     _check_values_and_mask(values, mask)
     rows = values.shape[0]
-    group_size = rows if group_size is None else group_size
-    if group_size < 1 or rows % group_size != 0:
-        raise ValueError(f"group_size must divide the {rows} rows (B = prompts * G), got {group_size}")
+    G = rows if G is None else G
+    if G < 1 or rows % G != 0:
+        raise ValueError(f"G must divide the {rows} rows (B = prompts * G), got {G}")
     response_means = masked_mean(values, mask, dim=1)  # (B,)
-    group_means = response_means.view(rows // group_size, group_size).mean(dim=1)  # (P,)
+    group_means = response_means.view(rows // G, G).mean(dim=1)  # (P,)
     return group_means.mean()  # ()
 
 
@@ -210,12 +210,12 @@ def constant_mean(values: torch.Tensor, mask: torch.Tensor, max_new_tokens: int)
 REDUCTIONS = ("sequence", "token", "constant")
 
 
-def reduce(values: torch.Tensor, mask: torch.Tensor, group_size: int | None = None,
+def reduce(values: torch.Tensor, mask: torch.Tensor, G: int | None = None,
            reduction: str = "sequence", max_new_tokens: int | None = None) -> torch.Tensor:
     """`reduce_tokens` ("sequence", the protocol's), `token_mean` ("token") or `constant_mean`
     ("constant", which needs max_new_tokens); (B, T) -> 0-d."""
     if reduction == "sequence":
-        return reduce_tokens(values, mask, group_size)
+        return reduce_tokens(values, mask, G)
     if reduction == "token":
         return token_mean(values, mask)
     if reduction == "constant":
@@ -234,7 +234,7 @@ def clipped_surrogate(
     advantages: torch.Tensor,
     mask: torch.Tensor,
     clip_eps: float = 0.2,
-    group_size: int | None = None,
+    G: int | None = None,
     reduction: str = "sequence",
     clip_eps_high: float | None = None,
     max_new_tokens: int | None = None,
@@ -244,13 +244,13 @@ def clipped_surrogate(
 
         rho_it = exp(logp_cur_it - logp_old_it)
         obj_it = w_it min(rho_it A_i, clip(rho_it, 1 - eps, 1 + eps_high) A_i)
-        loss   = - reduce_tokens(obj, mask, group_size)
+        loss   = - reduce_tokens(obj, mask, G)
 
     logp_cur:   (B, T) log-probs of the sampled tokens under the current policy (with grad).
     logp_old:   (B, T) the same under the old policy, recorded at sampling time (detached).
     advantages: (B,)   one per response, broadcast over its tokens (detached).
     mask:       (B, T) True on response tokens.
-    group_size: G for the reduction (see `reduce_tokens`); None = one group of all rows,
+    G: G for the reduction (see `reduce_tokens`); None = one group of all rows,
                 which gives the same value whenever groups have equal sizes.
     reduction:  "sequence" (`reduce_tokens`, the protocol's), "token" (`token_mean`) or
                 "constant" (`constant_mean`, with max_new_tokens).
@@ -301,7 +301,7 @@ def clipped_surrogate(
     objective = torch.minimum(unclipped, clipped)  # (B, T)
     if token_weights is not None:  # w >= 0 keeps the min's choice and the clip's zero gradient
         objective = objective * token_weights.to(objective.dtype)
-    loss = -reduce(objective, mask, group_size, reduction, max_new_tokens)
+    loss = -reduce(objective, mask, G, reduction, max_new_tokens)
 
     with torch.no_grad():
         low = (rho < 1.0 - clip_eps) & (adv < 0) & active

@@ -247,7 +247,7 @@ REWARD_TABLE = {
     "learned": Reward(learned_reward, needs_learned_verifier=True),
 }
 
-# KL terms.  Each takes the current policy's (logp (B, R), logits (B, R, V)), the reference's,
+# KL terms.  Each takes the current policy's (logp (B, R), logits (B, R, V)), the reference's (ref_scores),
 # `reduce(values (B, R)) -> 0-d` (the loss's reduction, the variant's), `measure(values) -> 0-d` (the
 # protocol's sequence mean over every response token, the same for every run) and the exact KL's block
 # size, and returns (penalty, exact, k3): the term the loss optimises, reduced as the loss is, and the
@@ -256,11 +256,11 @@ REWARD_TABLE = {
 # reductions are compared on the same measure.
 
 
-def exact_kl_term(current, reference, reduce, measure, block_size: int):
+def exact_kl_term(current, ref_scores, reduce, measure, block_size: int):
     """The exact per-prefix KL(current || reference) over the vocabulary (the protocol)."""
     with torch.no_grad():
-        k3 = measure(losses.kl_estimators(current[0].detach(), reference[0])["k3"])
-    values = losses.exact_prefix_kl(current[1], reference[1], block_size=block_size)
+        k3 = measure(losses.kl_estimators(current[0].detach(), ref_scores[0])["k3"])
+    values = losses.exact_prefix_kl(current[1], ref_scores[1], block_size=block_size)
     penalty = reduce(values)
     with torch.no_grad():
         exact = penalty.detach() if reduce is measure else measure(values.detach())
@@ -269,12 +269,12 @@ def exact_kl_term(current, reference, reduce, measure, block_size: int):
 
 def estimator_kl_term(name: str) -> Callable:
     """The KL term that puts estimator `name` ("k1", "k2" or "k3") of `losses.kl_estimators` in the loss."""
-    def term(current, reference, reduce, measure, block_size: int):
-        values = losses.kl_estimators(current[0], reference[0])
+    def term(current, ref_scores, reduce, measure, block_size: int):
+        values = losses.kl_estimators(current[0], ref_scores[0])
         estimate = reduce(values[name])
         with torch.no_grad():
             k3 = measure(values["k3"].detach())
-            exact = measure(losses.exact_prefix_kl(current[1].detach(), reference[1], block_size=block_size))
+            exact = measure(losses.exact_prefix_kl(current[1].detach(), ref_scores[1], block_size=block_size))
         return estimate, exact, k3
     term.__doc__ = f"The {name} estimator on the sampled tokens, in the loss as it is" + (
         " (DeepSeekMath, TRL)." if name == "k3" else ".")
@@ -284,11 +284,11 @@ def estimator_kl_term(name: str) -> Callable:
 k3_kl_term = estimator_kl_term("k3")
 
 
-def no_kl_term(current, reference, reduce, measure, block_size: int):
+def no_kl_term(current, ref_scores, reduce, measure, block_size: int):
     """No penalty; both measures are still logged."""
     with torch.no_grad():
-        k3 = measure(losses.kl_estimators(current[0].detach(), reference[0])["k3"])
-        exact = measure(losses.exact_prefix_kl(current[1].detach(), reference[1], block_size=block_size))
+        k3 = measure(losses.kl_estimators(current[0].detach(), ref_scores[0])["k3"])
+        exact = measure(losses.exact_prefix_kl(current[1].detach(), ref_scores[1], block_size=block_size))
     return torch.zeros((), device=current[0].device), exact, k3
 
 
@@ -300,13 +300,13 @@ KL_TABLE = {"exact": exact_kl_term, "k1": estimator_kl_term("k1"), "k2": estimat
 
 # Every objective's term takes the clipped surrogate's arguments (`losses.clipped_surrogate`: the
 # protocol's term is that function itself) and returns (value 0-d, statistics):
-#     term(logp_cur (B, R), logp_old (B, R), advantages (B,), mask (B, R), clip_eps, group_size,
+#     term(logp_cur (B, R), logp_old (B, R), advantages (B,), mask (B, R), clip_eps, G,
 #          reduction, clip_eps_high, max_new_tokens, token_weights)
 # clip_eps_high None means clip_eps (a symmetric clip); token_weights (B, R) or None are truncated
 # importance sampling's, which only GRPO's term takes (`Variant` refuses tis_cap with any other).
 
 
-def sequence_ratio_term(logp_cur, logp_old, advantages, mask, clip_eps, group_size, reduction, clip_eps_high,
+def sequence_ratio_term(logp_cur, logp_old, advantages, mask, clip_eps, G, reduction, clip_eps_high,
                         max_new_tokens, token_weights=None):
     """GSPO: each response's ratio exp(mean_t log-ratio), clipped per response to the paper's
     [1 - 3e-4, 1 + 4e-4] (`objectives.DEFAULTS`), a mean over each group's responses, then over groups."""
@@ -314,8 +314,8 @@ def sequence_ratio_term(logp_cur, logp_old, advantages, mask, clip_eps, group_si
     s = objectives.sequence_ratio(logp_cur, logp_old, mask)  # (B,)
     per_response = objectives.clipped_term(s, advantages, eps_low, eps_high)  # (B,)
     rows = per_response.shape[0]
-    group_size = rows if group_size is None else group_size
-    value = -per_response.view(rows // group_size, group_size).mean(dim=1).mean()
+    G = rows if G is None else G
+    value = -per_response.view(rows // G, G).mean(dim=1).mean()
     with torch.no_grad():
         adv = advantages.to(s.dtype)
         low, high = (s < 1.0 - eps_low) & (adv < 0), (s > 1.0 + eps_high) & (adv > 0)
@@ -325,13 +325,13 @@ def sequence_ratio_term(logp_cur, logp_old, advantages, mask, clip_eps, group_si
     return value, stats
 
 
-def capped_weight_term(logp_cur, logp_old, advantages, mask, clip_eps, group_size, reduction, clip_eps_high,
+def capped_weight_term(logp_cur, logp_old, advantages, mask, clip_eps, G, reduction, clip_eps_high,
                        max_new_tokens, token_weights=None):
     """CISPO: sg(min(rho, 1 + eps_high)) A log pi on every token, reduced as the variant says; the
     "high" share is the tokens whose weight the cap cut (their gradient is kept, scaled down)."""
     cap = 1.0 + (clip_eps if clip_eps_high is None else clip_eps_high)
     per_token = objectives.capped_weight_per_token(logp_cur, logp_old, advantages, cap)
-    value = -losses.reduce(per_token, mask, group_size, reduction, max_new_tokens)
+    value = -losses.reduce(per_token, mask, G, reduction, max_new_tokens)
     with torch.no_grad():
         active = mask.bool()
         rho = torch.exp(torch.where(active, logp_cur - logp_old, torch.zeros_like(logp_cur)))[active]
@@ -341,7 +341,7 @@ def capped_weight_term(logp_cur, logp_old, advantages, mask, clip_eps, group_siz
     return value, stats
 
 
-def imitation_term(logp_cur, logp_old, advantages, mask, clip_eps, group_size, reduction, clip_eps_high,
+def imitation_term(logp_cur, logp_old, advantages, mask, clip_eps, G, reduction, clip_eps_high,
                    max_new_tokens, token_weights=None):
     """The mean negative log-likelihood of the rows (one group of all); no ratio, so nothing clipped."""
     return losses.reduce(-logp_cur, mask, None, reduction, max_new_tokens), {

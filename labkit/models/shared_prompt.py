@@ -55,20 +55,20 @@ import torch
 from . import scoring
 
 
-def _check_shapes(prompts, responses, group_size: int) -> tuple[int, int]:
-    if isinstance(group_size, bool) or not isinstance(group_size, int) or group_size < 1:
-        raise ValueError(f"group_size must be a positive integer, got {group_size!r}")
+def _check_shapes(prompts, responses, G: int) -> tuple[int, int]:
+    if isinstance(G, bool) or not isinstance(G, int) or G < 1:
+        raise ValueError(f"G must be a positive integer, got {G!r}")
     P = len(prompts)
     if P == 0:
         raise ValueError("at least one prompt is needed")
-    if len(responses) != P * group_size:
+    if len(responses) != P * G:
         raise ValueError(
-            f"{len(responses)} responses for {P} prompts x group_size {group_size}: "
-            f"expected {P * group_size} (prompt-major: rows k*G..k*G+G-1 share prompts[k])"
+            f"{len(responses)} responses for {P} prompts x G {G}: "
+            f"expected {P * G} (prompt-major: rows k*G..k*G+G-1 share prompts[k])"
         )
     for b, r in enumerate(responses):
-        scoring.check_row_lengths(b, len(prompts[b // group_size]), len(r))
-    return P, P * group_size
+        scoring.check_row_lengths(b, len(prompts[b // G]), len(r))
+    return P, P * G
 
 
 def _right_padded(rows: list[list[int]], width: int, pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -81,7 +81,7 @@ def _right_padded(rows: list[list[int]], width: int, pad_id: int) -> tuple[torch
     return ids, mask
 
 
-def shared_response_hidden(model, prompts: list[list[int]], responses: list[list[int]], group_size: int,
+def shared_response_hidden(model, prompts: list[list[int]], responses: list[list[int]], G: int,
                            pad_id: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(hidden (B, R, H) in the model's dtype, response_ids (B, R) long, response_mask (B, R) float32).
 
@@ -89,8 +89,8 @@ def shared_response_hidden(model, prompts: list[list[int]], responses: list[list
     of row b: the last real prompt position for j = 0, response token j - 1 after.
     Values beyond a row's response are unspecified (they are masked by the callers).
     """
-    P, _ = _check_shapes(prompts, responses, group_size)
-    G = group_size
+    P, _ = _check_shapes(prompts, responses, G)
+    G = G
     if getattr(model.model, "has_sliding_layers", False):
         raise ValueError("shared-prompt scoring does not support sliding-window attention layers")
     device = next(model.parameters()).device
@@ -132,7 +132,7 @@ def shared_response_hidden(model, prompts: list[list[int]], responses: list[list
     return hidden, response_ids, response_mask.to(torch.float32)
 
 
-def shared_response_logprobs(model, prompts: list[list[int]], responses: list[list[int]], group_size: int,
+def shared_response_logprobs(model, prompts: list[list[int]], responses: list[list[int]], G: int,
                              pad_id: int, return_logits: bool = False):
     """Teacher-forced log-probs of P x G responses with each prompt computed once.
 
@@ -141,10 +141,10 @@ def shared_response_logprobs(model, prompts: list[list[int]], responses: list[li
     or None), laid out exactly as `scoring.response_logprobs` of the full rows:
     zeros beyond each response.  Gradients flow when autograd is on; the model's
     train/eval mode is left as it is (score in eval mode: see the module docstring
-    on dropout).  Raises ValueError when len(responses) != P x group_size or a row
+    on dropout).  Raises ValueError when len(responses) != P x G or a row
     breaks the protocol's limits.
     """
-    hidden, response_ids, mask = shared_response_hidden(model, prompts, responses, group_size, pad_id)
+    hidden, response_ids, mask = shared_response_hidden(model, prompts, responses, G, pad_id)
     logits = model.lm_head(hidden).float() * mask[:, :, None]  # (B, R, V)
     logp_all = torch.log_softmax(logits, dim=-1)
     logp = torch.gather(logp_all, 2, response_ids[:, :, None]).squeeze(2) * mask  # (B, R)
@@ -159,19 +159,19 @@ def _example_loss(logp: torch.Tensor, logits: torch.Tensor, mask: torch.Tensor) 
     return (logp * weights).sum() + 0.1 * (kl_like * mask).sum()
 
 
-def benchmark(model, prompts: list[list[int]], responses: list[list[int]], group_size: int, pad_id: int,
+def benchmark(model, prompts: list[list[int]], responses: list[list[int]], G: int, pad_id: int,
               repeats: int = 3) -> dict:
     """Time forward + backward of the plain and the shared path, side by side, in this process.
 
     Each repeat runs both paths once (alternating which goes first), computing
     `_example_loss` from (logp, logits) and calling backward; the best time of
     each path is kept.  Returns {"plain_s", "shared_s", "ratio" (plain / shared),
-    "rows", "prompts", "group_size", "repeats", "max_abs_logp_diff"}.
+    "rows", "prompts", "G", "repeats", "max_abs_logp_diff"}.
     """
     if repeats < 1:
         raise ValueError(f"repeats must be at least 1, got {repeats}")
-    _check_shapes(prompts, responses, group_size)
-    rows = [prompts[b // group_size] for b in range(len(responses))]
+    _check_shapes(prompts, responses, G)
+    rows = [prompts[b // G] for b in range(len(responses))]
     shared_mask = scoring.make_batch(rows, responses, pad_id).response_mask
 
     def plain():
@@ -181,7 +181,7 @@ def benchmark(model, prompts: list[list[int]], responses: list[list[int]], group
         return logp.detach()
 
     def shared():
-        logp, logits = shared_response_logprobs(model, prompts, responses, group_size, pad_id, return_logits=True)
+        logp, logits = shared_response_logprobs(model, prompts, responses, G, pad_id, return_logits=True)
         _example_loss(logp, logits, shared_mask.to(logp.device)).backward()
         return logp.detach()
 
@@ -210,7 +210,7 @@ def benchmark(model, prompts: list[list[int]], responses: list[list[int]], group
         "ratio": best["plain"] / best["shared"],
         "rows": len(responses),
         "prompts": len(prompts),
-        "group_size": group_size,
+        "G": G,
         "repeats": repeats,
         "max_abs_logp_diff": diff,
     }

@@ -91,7 +91,7 @@ class Run:
 
     name: str
     folder: Path
-    group_size: int
+    G: int
     prompts_per_iteration: int
     updates_per_iteration: int
     clip_eps: float
@@ -171,7 +171,7 @@ def load(preset: str = "tiny", names: tuple[str, ...] | None = None) -> dict[str
                                     f"({Path(spec['folder']).name}); run `python -m labkit sweep sweeps/ablations.json`")
         config = get_preset(preset).with_overrides(**spec["config_overrides"])
         updates = spec["options"]["updates_per_iteration"] or config.updates_per_iteration
-        out[spec["name"]] = Run(spec["name"], Path(spec["folder"]), spec["group_size"], config.prompts_per_iteration,
+        out[spec["name"]] = Run(spec["name"], Path(spec["folder"]), spec["G"], config.prompts_per_iteration,
                                 updates, config.clip_eps, config.kl_coef, config.grpo_lr, spec["iterations"])
     return out
 

@@ -38,7 +38,7 @@ BRANCH_GROUP_SIZES = (2, 8)
 BRANCH_ITERATIONS = 20
 RESUME_STOP_AT = 8  # the branches' resume boundary: stop after iteration 8 of 20
 MAIN_POLICIES = ("warm_start", "sft", "grpo")
-MAIN_GROUP_SIZE = QWEN.group_size  # the main run's G: every preset's config.group_size
+MAIN_GROUP_SIZE = QWEN.G  # the main run's G: every preset's config.G
 # Seeds of the warm start's validation draws (the p of section 4), apart from every other stream.
 VALIDATION_DRAW_SEED_OFFSET = SEED_OFFSETS["group_size_validation_draws"]
 
@@ -47,10 +47,10 @@ def runs_root_of(preset: str) -> Path:
     return preset_folder(preset)
 
 
-def branch_dir(runs_root: str | Path, group_size: int) -> Path:
+def branch_dir(runs_root: str | Path, G: int) -> Path:
     """runs/<preset>/grpo_g<G> (grpo for G=4, the main run), as `grpo.default_run_dir` names them (the
     name depends on G alone: every preset's G is 4)."""
-    return Path(runs_root) / grpo.default_run_dir(QWEN.name, group_size).name
+    return Path(runs_root) / grpo.default_run_dir(QWEN.name, G).name
 
 
 # -- 1. Constant groups, with constructed rewards --------------------------------------------
@@ -92,7 +92,7 @@ def constant_group_case(rewards, clip_eps: float = 0.2, eps: float = 1e-8) -> di
     advantages = losses.group_advantages(r, eps=eps)[0]  # (G,)
     logp_cur = logp.clone().requires_grad_(True)  # (G, T)
     loss, stats = losses.clipped_surrogate(logp_cur, logp.detach().clone(), advantages, mask,
-                                           clip_eps=clip_eps, group_size=G)
+                                           clip_eps=clip_eps, G=G)
     loss.backward()
     lengths = mask.sum(dim=1, keepdim=True).to(torch.float64)  # (G, 1)
     expected = torch.where(mask, -advantages[:, None] / (G * lengths), torch.zeros_like(logp))
@@ -130,19 +130,19 @@ def format_constant_group_table(rows: list[dict]) -> str:
 # -- 2. The branches -----------------------------------------------------------------------
 
 
-def check_branch_manifest(manifest: dict, config: PresetConfig, group_size: int, iterations: int) -> None:
+def check_branch_manifest(manifest: dict, config: PresetConfig, G: int, iterations: int) -> None:
     """A finished branch is reused only if it is the run asked for; otherwise say what differs."""
     identity = manifest["identity"]
-    wanted = {"group_size": group_size, "iterations": iterations, "config_fingerprint": config.fingerprint()}
+    wanted = {"G": G, "iterations": iterations, "config_fingerprint": config.fingerprint()}
     diff = {k: (identity.get(k), v) for k, v in wanted.items() if identity.get(k) != v}
     if diff:
         raise ValueError(f"a finished run with other settings is in the way (found, wanted): {diff}; "
                          "it is evidence and is not overwritten: move it or choose another runs folder")
 
 
-def run_branch(config: PresetConfig, group_size: int, run_dir: Path, *, iterations: int = BRANCH_ITERATIONS,
+def run_branch(config: PresetConfig, G: int, run_dir: Path, *, iterations: int = BRANCH_ITERATIONS,
                start_file=None, sampler: str = "reference", device=None, progress: bool = True) -> dict:
-    """One exercise branch: `grpo.run_grpo` with G = group_size for `iterations` (the main run's loop).
+    """One exercise branch: `grpo.run_grpo` with G = G for `iterations` (the main run's loop).
 
     A finished branch is never rerun or overwritten: its manifest is checked and returned
     with "reused": True.
@@ -150,9 +150,9 @@ def run_branch(config: PresetConfig, group_size: int, run_dir: Path, *, iteratio
     run_dir = Path(run_dir)
     if is_finished(run_dir):
         manifest = read_json(run_dir / "manifest.json")
-        check_branch_manifest(manifest, config, group_size, iterations)
+        check_branch_manifest(manifest, config, G, iterations)
         return {**manifest, "reused": True}
-    manifest = grpo.run_grpo(config, run_dir, group_size=group_size, iterations=iterations, start_file=start_file,
+    manifest = grpo.run_grpo(config, run_dir, G=G, iterations=iterations, start_file=start_file,
                              sampler=sampler, device=device, progress=progress, restart=True)
     return {**manifest, "reused": False}
 
@@ -200,14 +200,14 @@ def check_same_presentations(branch_dirs: dict[str, Path], main_dir: Path | None
 # -- 4. Budget and the zero-signal fraction ---------------------------------------------------
 
 
-def expected_counts(iterations: int, group_size: int, prompts_per_iteration: int = 4,
+def expected_counts(iterations: int, G: int, prompts_per_iteration: int = 4,
                     updates_per_iteration: int = 2) -> dict:
     """What a GRPO run of this shape must consume: rollouts = iterations x prompts x G."""
     return {
         "iterations": iterations,
         "updates": iterations * updates_per_iteration,
         "presentations": iterations * prompts_per_iteration,
-        "rollouts": iterations * prompts_per_iteration * group_size,
+        "rollouts": iterations * prompts_per_iteration * G,
         "groups": iterations * prompts_per_iteration,
     }
 
@@ -218,12 +218,12 @@ def grpo_budget_row(run_dir: str | Path, name: str, config: PresetConfig) -> dic
     manifest = read_json(run_dir / "manifest.json")
     history = read_json(run_dir / "history.json")
     rollouts = grpo.read_rollouts(run_dir)
-    G = manifest["identity"]["group_size"]
+    G = manifest["identity"]["G"]
     timings = grpo.read_timings(run_dir)
     row = {
         "policy": name,
         "kind": "grpo",
-        "group_size": G,
+        "G": G,
         "iterations": len(history),
         "updates": manifest["updates"],
         "presentations": sum(len(h["problem_ids"]) for h in history),
@@ -267,7 +267,7 @@ def sft_budget_row(run_dir: str | Path, name: str) -> dict | None:
     return {
         "policy": name,
         "kind": "sft",
-        "group_size": None,
+        "G": None,
         "iterations": None,
         "updates": counts["updates"],
         "presentations": counts["train_sequence_forwards"],
@@ -324,25 +324,25 @@ def warm_start_validation_success(config: PresetConfig, start_file: str | Path, 
 
 def zero_signal_points(rows: list[dict], p: float) -> list[dict]:
     """Measured zero-variance fraction of each GRPO row beside p^G + (1-p)^G."""
-    return [{"policy": r["policy"], "group_size": r["group_size"], "groups": r["groups"],
-             "measured": r["zero_variance_measured"], "predicted": expected_frac_reward_zero_std(p, r["group_size"])}
+    return [{"policy": r["policy"], "G": r["G"], "groups": r["groups"],
+             "measured": r["zero_variance_measured"], "predicted": expected_frac_reward_zero_std(p, r["G"])}
             for r in rows if r["kind"] == "grpo"]
 
 
 def budget_statements(rows: list[dict], config: PresetConfig) -> dict[str, str]:
     """The two statements the chapter and the table must carry, with the run's own numbers."""
     by = {r["policy"]: r for r in rows}
-    branches = [r for r in rows if r["kind"] == "grpo" and r["group_size"] != MAIN_GROUP_SIZE]
+    branches = [r for r in rows if r["kind"] == "grpo" and r["G"] != MAIN_GROUP_SIZE]
     if len(branches) >= 2:
-        small, large = min(branches, key=lambda r: r["group_size"]), max(branches, key=lambda r: r["group_size"])
+        small, large = min(branches, key=lambda r: r["G"]), max(branches, key=lambda r: r["G"])
         updates = (f"each make {small['updates']} updates" if small["updates"] == large["updates"]
                    else f"make {small['updates']} and {large['updates']} updates")
-        cost = (f"Same updates is not same cost: G={small['group_size']} and G={large['group_size']} {updates} "
-                f"on the same {small['presentations']} prompt presentations, but G={large['group_size']} sampled "
+        cost = (f"Same updates is not same cost: G={small['G']} and G={large['G']} {updates} "
+                f"on the same {small['presentations']} prompt presentations, but G={large['G']} sampled "
                 f"{large['rollouts']} rollouts "
                 f"({large['generated_tokens']} generated tokens, {large['seconds']:.0f} s) against "
                 f"{small['rollouts']} ({small['generated_tokens']} tokens, {small['seconds']:.0f} s) for "
-                f"G={small['group_size']}.")
+                f"G={small['G']}.")
     else:
         cost = ("Same updates is not same cost: at equal updates and prompts, a branch with G responses per "
                 "prompt samples and scores G/2 times the rollouts of G=2.")
@@ -384,14 +384,14 @@ def format_budget_table(budget: dict) -> str:
     head = f"{'policy':<11} {'G':>3} {'iters':>6} {'updates':>8} {'prompts':>8} {'rollouts':>9} {'gen tokens':>11} {'seconds':>9}"
     lines = [head, "-" * len(head)]
     for r in budget["rows"]:
-        lines.append(f"{r['policy']:<11} {cell(r['group_size']):>3} {cell(r['iterations']):>6} {r['updates']:>8} "
+        lines.append(f"{r['policy']:<11} {cell(r['G']):>3} {cell(r['iterations']):>6} {r['updates']:>8} "
                      f"{r['presentations']:>8} {r['rollouts']:>9} {r['generated_tokens']:>11} {r['seconds']:>9.1f}")
     zero = budget.get("zero_signal")
     if zero:
         lines += ["", f"zero-variance fraction, p = {zero['p']['p']:.4f} ({zero['p']['definition']})",
                   f"{'policy':<11} {'G':>3} {'groups':>7} {'measured':>9} {'p^G+(1-p)^G':>12}"]
         for pt in zero["points"]:
-            lines.append(f"{pt['policy']:<11} {pt['group_size']:>3} {pt['groups']:>7} {pt['measured']:>9.3f} "
+            lines.append(f"{pt['policy']:<11} {pt['G']:>3} {pt['groups']:>7} {pt['measured']:>9.3f} "
                          f"{pt['predicted']:>12.3f}")
     lines += ["", budget["statements"]["same_updates_not_same_cost"],
               budget["statements"]["not_a_group_size_ablation"]]
@@ -587,7 +587,7 @@ def run_branches(config: PresetConfig, runs_root: Path, group_sizes: tuple[int, 
     if resume_checks:
         for G, (name, folder) in zip(group_sizes, dirs.items()):
             if not (folder / "resume_report.json").exists():
-                report = grpo.resume_check(config, group_size=G, stop_at=RESUME_STOP_AT, run_dir=folder,
+                report = grpo.resume_check(config, G=G, stop_at=RESUME_STOP_AT, run_dir=folder,
                                            sampler=sampler, device=device)
                 if not report["equal"]:
                     raise RuntimeError(f"{name}: the resumed run differs from the continuous one: "

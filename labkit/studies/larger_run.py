@@ -52,7 +52,7 @@ from ..lab.runs import RunFolder, preset_folder
 # points), so validation does not resolve the choice among them; all of them beat the start, and
 # at 3e-4 and above (16 x 8) the first steps damage the policy before it recovers, or for good.
 LARGER_RUN = {
-    "tiny": {"prompts_per_iteration": 32, "group_size": 8, "grpo_iterations": 200, "grpo_lr": 1e-4},
+    "tiny": {"prompts_per_iteration": 32, "G": 8, "grpo_iterations": 200, "grpo_lr": 1e-4},
 }
 SAMPLER = "fast"
 PASS_AT_K_DRAWS = 64  # samples per test problem for pass@k, k = 1 .. 64

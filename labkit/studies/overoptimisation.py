@@ -443,7 +443,7 @@ def run_setting(setting: Setting, preset: str = "tiny", progress: bool = False, 
         folder = folder.open_for_writing(False)
         try:
             proxy = load_proxy(setting.proxy, preset)  # the proxy this run optimises (reward "learned")
-            loop = grpo.start_loop(config, config.group_size, setting.iterations, grpo.warm_start_file(preset),
+            loop = grpo.start_loop(config, config.G, setting.iterations, grpo.warm_start_file(preset),
                                    "fast", "cpu", variants.resolve(variant, config, proxy), shared_prompts=True)
             loop.identity.update(proxy=setting.proxy)
             resume_from = grpo.newest_state(folder)
@@ -462,7 +462,7 @@ def run_setting(setting: Setting, preset: str = "tiny", progress: bool = False, 
     manifest = read_json(folder_path / "manifest.json")
     record = {
         "setting": asdict(setting), "proxy": read_json(root(preset) / "proxies.json")[setting.proxy],
-        "config": {k: config.to_dict()[k] for k in ("prompts_per_iteration", "group_size", "grpo_lr", "kl_coef")},
+        "config": {k: config.to_dict()[k] for k in ("prompts_per_iteration", "G", "grpo_lr", "kl_coef")},
         "variant": variant.to_dict(),
         "curves": folder.read_part(grpo.CHECKPOINTS_PART),
         "training": [{"iteration": h["iteration"], "true": h["reward"], "proxy": h["optimised_reward"],

@@ -44,7 +44,7 @@ RESULTS_FILE = "results.json"
 STARTS = ("warm_start", "base", "format_base")  # steps whose finished model a run may start from
 # The preset's numbers a sweep file may change, per run or for the whole file: the budget (prompts per
 # iteration, G, iterations, learning rate), the clip, the KL coefficient and the run's seed.
-CONFIG_KEYS = ("prompts_per_iteration", "group_size", "grpo_iterations", "grpo_lr", "clip_eps", "kl_coef", "seed")
+CONFIG_KEYS = ("prompts_per_iteration", "G", "grpo_iterations", "grpo_lr", "clip_eps", "kl_coef", "seed")
 SAMPLERS = ("reference", "fast")
 
 
@@ -130,12 +130,12 @@ def _checked_config(path: Path, where: str, config) -> dict:
     if unknown:
         raise ValueError(f"{path}: {where} config has unknown key(s) {unknown}; a sweep may change {list(CONFIG_KEYS)}")
     for key, value in config.items():
-        integer = key in ("prompts_per_iteration", "group_size", "grpo_iterations", "seed")
+        integer = key in ("prompts_per_iteration", "G", "grpo_iterations", "seed")
         kinds = (int,) if integer else (int, float)
         if isinstance(value, bool) or not isinstance(value, kinds) or (key not in ("seed", "kl_coef") and not value > 0) \
-                or (key == "kl_coef" and not value >= 0) or (key == "group_size" and value < 2) \
+                or (key == "kl_coef" and not value >= 0) or (key == "G" and value < 2) \
                 or (key == "clip_eps" and not value < 1):
-            rule = ("an integer >= 2" if key == "group_size" else "an integer" if key == "seed"
+            rule = ("an integer >= 2" if key == "G" else "an integer" if key == "seed"
                     else "a positive integer" if integer else "a number >= 0" if key == "kl_coef"
                     else "a number in (0, 1): the ratio is clipped to [1 - clip_eps, 1 + clip_eps]" if key == "clip_eps"
                     else "a number > 0")
@@ -230,7 +230,7 @@ def fingerprint(spec: dict) -> str:
     config = get_preset(spec["preset"]).with_overrides(**spec.get("config_overrides", {}))
     inputs = (*cache.get_step("grpo").code, *cache.get_step("evaluation").code)  # training and evaluation
     code = {name: sha256_file(REPO_ROOT / name) for name in sorted(set(inputs)) if (REPO_ROOT / name).is_file()}
-    identity = {"config": config.to_dict(), "variant": spec["options"], "group_size": spec["group_size"],
+    identity = {"config": config.to_dict(), "variant": spec["options"], "G": spec["G"],
                 "iterations": spec["iterations"], "sampler": spec["sampler"],
                 "start_sha256": sha256_file(spec["start_file"]), "inputs_sha256": code,
                 # only where a file asks for it, so that chapter 9's runs keep the fingerprints they had
@@ -266,7 +266,7 @@ def run_one(spec: dict) -> dict:
     if not RunFolder(folder).is_finished():
         config = get_preset(spec["preset"]).with_overrides(**spec.get("config_overrides", {}))
         variant = Variant.from_dict(spec["options"])
-        grpo.run_grpo(config, folder, group_size=spec["group_size"], iterations=spec["iterations"],
+        grpo.run_grpo(config, folder, G=spec["G"], iterations=spec["iterations"],
                       start_file=spec["start_file"], sampler=spec["sampler"], progress=False, restart=True,
                       variant=variant, learned_verifier=learned_verifier(variant, spec["preset"]),
                       shared_prompts=spec.get("shared_prompts", False))
@@ -305,9 +305,9 @@ def plan(preset: str, runs: list[tuple[str, Variant]], *, root: str | Path | Non
         start = Path(start_file) if start_file is not None else start_model(preset, start_step)
         own = (settings or {}).get(name, {})
         overrides = {**(config_overrides or {}), **own.get("config", {})}
-        run_g = overrides.pop("group_size", config.group_size)
+        run_g = overrides.pop("G", config.G)
         run_iterations = overrides.pop("grpo_iterations", iterations)
-        spec = {"name": name, "preset": preset, "options": variant.to_dict(), "group_size": run_g,
+        spec = {"name": name, "preset": preset, "options": variant.to_dict(), "G": run_g,
                 "iterations": run_iterations, "sampler": own.get("sampler", sampler), "start_file": str(start),
                 "config_overrides": overrides, "eval_limit": eval_limit, "evaluate": evaluate,
                 "threads": threads, "start": start_step}

@@ -185,7 +185,7 @@ def check_ch06_iteration_metrics(iteration_metrics, run_dir=None) -> bool:
 # -- The GRPO loss of one batch ------------------------------------------------------------------------
 
 CH06_LOSS_SIGNATURE = ("grpo_loss(logp_cur (B, T), logp_old (B, T), advantages (B,), mask (B, T), logits_cur (B, T, V), "
-                       "logits_ref (B, T, V), group_size, clip_eps, kl_coef)")
+                       "logits_ref (B, T, V), G, clip_eps, kl_coef)")
 
 
 def _ch06_loss_batch(iteration: int | None = None, runs=None) -> dict:
@@ -223,7 +223,7 @@ def _ch06_loss_batch(iteration: int | None = None, runs=None) -> dict:
         b = {"rows": rows, "mask": mask, "logits_cur": logits_cur.double(), "logits_ref": logits_ref.double(),
              "logp_old": core.padded([r["logp_old"] for r in rows], mask.shape[1]).double(),
              "advantages": torch.tensor([r["advantage"] for r in rows], dtype=torch.float64),
-             "group_size": config.group_size, "clip_eps": config.clip_eps, "kl_coef": config.kl_coef,
+             "G": config.G, "clip_eps": config.clip_eps, "kl_coef": config.kl_coef,
              "response_ids": [r["response_ids"] for r in rows]}
         values = sorted(v.item() for v in _ch06_loss_variants(b, b["logits_cur"]).values())
         if iteration is not None or min(y - x for x, y in zip(values, values[1:])) > 1e-6:
@@ -252,7 +252,7 @@ def _ch06_loss_variants(b: dict, logits_cur: "torch.Tensor") -> dict[str, "torch
     from ...grpo import losses
 
     logp_cur = _ch06_sampled_logp(logits_cur, b["response_ids"])
-    mask, G, eps, beta = b["mask"], b["group_size"], b["clip_eps"], b["kl_coef"]
+    mask, G, eps, beta = b["mask"], b["G"], b["clip_eps"], b["kl_coef"]
 
     def surrogate(advantages, reduction="sequence", which="min"):
         rho = torch.exp(torch.where(mask, logp_cur - b["logp_old"], torch.zeros_like(logp_cur)))
@@ -291,7 +291,7 @@ def check_ch06_grpo_loss(grpo_loss, batch: dict | None = None) -> bool:
     """Grade the GRPO-loss exercise: the clipped surrogate reduced token -> response -> prompt, plus
     kl_coef x the exact per-prefix KL(current || reference), on a real batch of the cached run.
 
-    The value must equal `labkit.grpo.core.objective_loss`'s (the protocol's variant) within 1e-9 (float64) and so must its gradient
+    The value must equal `labkit.grpo.core.grpo_loss`'s (the protocol's variant) within 1e-9 (float64) and so must its gradient
     with respect to the current policy's logits; a wrong value is matched against the named slips
     (the sign of A, no min, the max, a mean over all tokens, the KL reversed, missing or of the
     wrong sign, the objective returned instead of the loss)."""
@@ -306,13 +306,13 @@ def check_ch06_grpo_loss(grpo_loss, batch: dict | None = None) -> bool:
     logp_cur = _ch06_sampled_logp(logits_cur, b["response_ids"])
     config = get_preset("tiny").with_overrides(clip_eps=b["clip_eps"], kl_coef=b["kl_coef"])
     logp_ref = _ch06_sampled_logp(b["logits_ref"], b["response_ids"])
-    expected, _ = core.objective_loss(logp_cur, logits_cur, (logp_ref, b["logits_ref"]), b["mask"], b["logp_old"],
-                                      b["advantages"], b["group_size"], config, variants.resolve(variants.Variant(), config))
+    expected, _ = core.grpo_loss(logp_cur, logits_cur, (logp_ref, b["logits_ref"]), b["mask"], b["logp_old"],
+                                      b["advantages"], b["G"], config, variants.resolve(variants.Variant(), config))
     (expected_grad,) = torch.autograd.grad(expected, logits_cur, retain_graph=True)  # logp_cur is reused
     rows = len(b["rows"])
     where = f"{CH06_LOSS_SIGNATURE} on iteration {b['rows'][0]['iteration']}'s {rows} real rollouts"
     got = call_student(grpo_loss, logp_cur, b["logp_old"], b["advantages"], b["mask"], logits_cur,
-                       b["logits_ref"], b["group_size"], b["clip_eps"], b["kl_coef"], where=where,
+                       b["logits_ref"], b["G"], b["clip_eps"], b["kl_coef"], where=where,
                        on_shape_mismatch=ADVANTAGE_NOT_BROADCAST)
     require_tensor(got, (), "grpo_loss", "the batch's loss as one 0-d tensor (reduce tokens -> responses -> groups)",
                    "your loss")
@@ -334,7 +334,7 @@ def check_ch06_grpo_loss(grpo_loss, batch: dict | None = None) -> bool:
                             "Only logp_old, the advantages and the reference are constants.")
     clipped = int(((torch.exp(logp_cur.detach() - b["logp_old"]) - 1).abs() > b["clip_eps"])[b["mask"]].sum())
     print(f"Correct: your grpo_loss gives {got.item():.6f} on {rows} real rollouts ({int(b['mask'].sum())} tokens, "
-          f"{clipped} outside the clip interval), equal to labkit.grpo.core.objective_loss in value and gradient.")
+          f"{clipped} outside the clip interval), equal to labkit.grpo.core.grpo_loss in value and gradient.")
     return True
 
 

@@ -186,10 +186,10 @@ def reveal_split(prediction, preset: str = "tiny") -> dict:
     """Chapter 8: at 64 prompts x G = 2, the share of groups with no signal (rewards all equal)."""
     runs = ablations.load(preset, ("split_64x2", "split_32x4", ablations.PARTNER, "split_8x16"))
     partner = runs[ablations.PARTNER]
-    across = f"{partner.prompts_per_iteration} x {partner.group_size}"
+    across = f"{partner.prompts_per_iteration} x {partner.G}"
     separable = []
     for name, run in runs.items():
-        G = run.group_size
+        G = run.G
         s = ablations.summary(run)
         line = (f"{runs[name].prompts_per_iteration:>2} prompts x G = {G:<2}: no signal in {s['zero_signal_all']:.0%} "
                 f"of the groups, test per draw {s['test_per_draw']:.1%}")
