@@ -52,7 +52,7 @@ def test_sft_killed_mid_epoch_and_during_a_state_write_resumes_to_the_continuous
     for epoch in (1, 2, 3):
         a, _ = state_lib.load_state(folder / "states" / f"epoch-{epoch}.pt.gz")
         b, _ = state_lib.load_state(continuous / "states" / f"epoch-{epoch}.pt.gz")
-        assert state_lib.compare_states(a, b)["equal"], epoch
+        assert state_lib.compare_states(a, b)["equal"], (epoch, state_lib.compare_states(a, b)["different_fields"][:8])
     assert sorted(p.name for p in (folder / "states").iterdir()) == ["epoch-1.pt.gz", "epoch-2.pt.gz", "epoch-3.pt.gz"]
     ledger = read_json(folder / "manifest.json")["ledger"]
     assert sorted(ledger["files"]) == ["history.json", "model.safetensors", "states/epoch-1.pt.gz",

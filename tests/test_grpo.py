@@ -8,6 +8,7 @@ import torch
 
 from labkit.grpo import core, loop as grpo, losses
 from labkit.lab import skeleton
+from labkit.lab.runs import UnfinishedRunError
 from labkit.models import presets as models
 from labkit.lab import state as state_lib
 from labkit.lab.runs import sha256_file
@@ -164,7 +165,7 @@ def test_a_fresh_start_in_an_unfinished_folder_leaves_no_old_rollouts(tmp_path, 
     folder = tmp_path / "run"
     run(folder, start_file, stop_after=2, save_states_at=(1,))
     # a rerun that says neither resume nor restart is refused, and deletes nothing
-    with pytest.raises(grpo.UnfinishedRunError,
+    with pytest.raises(UnfinishedRunError,
                        match=r"holds an unfinished attempt \(16 rollouts, newest state states/iter-002\.pt\.gz\): "
                              r"pass --resume .* or --restart"):
         run(folder, start_file)

@@ -64,7 +64,9 @@ def small_qwen_dir(tmp_path, tokenizer):
 
 def test_another_models_config_is_refused_before_anything_is_built(small_qwen_dir, tmp_path, monkeypatch):
     built = []
-    monkeypatch.setattr(models.Qwen2ForCausalLM, "from_pretrained", lambda *a, **k: built.append(a))
+    import transformers
+
+    monkeypatch.setattr(transformers.Qwen2ForCausalLM, "from_pretrained", lambda *a, **k: built.append(a))
     with pytest.raises(ValueError) as err:
         models.load("qwen", path=small_qwen_dir, device="cpu")
     assert str(err.value).startswith(f"{small_qwen_dir / 'config.json'} is not Qwen/Qwen2.5-0.5B-Instruct's config: ")

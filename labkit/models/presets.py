@@ -10,13 +10,16 @@ import hashlib
 import os
 from dataclasses import asdict
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
-from transformers import Qwen2Config, Qwen2ForCausalLM
 
 from ..config import QWEN, TINY
 from ..lab.runs import REPO_ROOT, atomic_write_bytes, check_recorded_digest
 from .tokenizer import load_tiny_tokenizer
+
+if TYPE_CHECKING:  # the classes are imported where a model is built: `import labkit` stays light (5 s less)
+    from transformers import Qwen2Config, Qwen2ForCausalLM
 
 # The tiny architecture is a field of the tiny preset's config (labkit.config): about 1M
 # parameters, an embedding with more rows than the tokenizer has tokens (512 > 494), as Qwen's
@@ -26,6 +29,8 @@ TINY_ARCH = {**asdict(TINY.architecture), "attn_implementation": "eager"}
 
 def tiny_model_config(tokenizer=None) -> Qwen2Config:
     """The tiny preset's `Qwen2Config`, with the tokenizer's special ids."""
+    from transformers import Qwen2Config
+
     tokenizer = tokenizer or load_tiny_tokenizer()
     cfg = Qwen2Config(
         **TINY_ARCH,
@@ -38,6 +43,8 @@ def tiny_model_config(tokenizer=None) -> Qwen2Config:
 
 def new_tiny_model(seed: int = 0, tokenizer=None) -> Qwen2ForCausalLM:
     """A randomly initialised tiny model (pretraining starts here), FP32, eval mode."""
+    from transformers import Qwen2ForCausalLM
+
     torch.manual_seed(seed)
     model = Qwen2ForCausalLM(tiny_model_config(tokenizer))
     model.to(torch.float32)
@@ -86,11 +93,15 @@ QWEN_ARCH = dict(
 
 def qwen_config() -> Qwen2Config:
     """The `Qwen2Config` of Qwen2.5-0.5B-Instruct (eager attention)."""
+    from transformers import Qwen2Config
+
     return Qwen2Config(**QWEN_ARCH, attn_implementation="eager")
 
 
 def qwen_architecture() -> Qwen2ForCausalLM:
     """Qwen2.5-0.5B-Instruct's architecture on the meta device: shapes only, no memory, no weights."""
+    from transformers import Qwen2ForCausalLM
+
     with torch.device("meta"):
         model = Qwen2ForCausalLM(qwen_config())
     return model.eval()
@@ -130,6 +141,8 @@ def check_qwen_config_file(path: str | os.PathLike) -> None:
     Read before any weight is built or loaded: a folder holding another model's files would
     otherwise build that model at its own size first.  A field the file leaves out takes
     `Qwen2Config`'s default, as transformers would."""
+    from transformers import Qwen2Config
+
     import json
 
     path = Path(path)
@@ -165,6 +178,8 @@ def check_qwen(model) -> None:
     projection *is* the input embedding (tied), and the number of unique
     trainable parameters (494,032,768).  Every mismatch is listed at once.
     """
+    from transformers import Qwen2ForCausalLM
+
     problems = []
     if not isinstance(model, Qwen2ForCausalLM):
         problems.append(f"class is {type(model).__name__}, expected Qwen2ForCausalLM")
@@ -244,6 +259,8 @@ def disable_tf32() -> None:
 
 def load_qwen(path: str | os.PathLike | None = None, device: str | None = None):
     """(model, tokenizer) of Qwen2.5-0.5B-Instruct from disk, FP32, eager, TF32 off, checked."""
+    from transformers import Qwen2ForCausalLM
+
     from transformers import AutoTokenizer
 
     folder = find_qwen_dir(path)
