@@ -35,8 +35,8 @@ import time
 from pathlib import Path
 
 from .lab import cache
-from .studies import larger_run, overoptimisation, reasoning, thinking_base
 from .lab.runs import REPO_ROOT, is_finished, read_json, write_json
+from .studies import larger_run, overoptimisation, reasoning, thinking_base
 
 
 def _done(preset: str, step: str) -> bool:

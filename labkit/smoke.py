@@ -105,16 +105,16 @@ import torch
 
 # Every lab module the stages call is imported here, at the start: a run takes minutes, and a
 # module first imported half-way through would be whatever the file holds by then.
-from .eval import agreement, evaluate
-from .grpo import core, losses, variants
 from .lab import memory, runtime
-from .models import presets as models, sampling, scoring
-from .train import sft
 from .lab import state as state_lib
-from .config import get_preset
 from .lab.runs import REPO_ROOT, display_path, ensure_not_finished, mark_finished, write_json
 from .lab.runtime import deterministic, seed_everything
+from .config import get_preset
+from .models import presets as models, sampling, scoring
 from .models.tokenizer import ASSET_DIR
+from .train import sft
+from .grpo import core, losses, variants
+from .eval import agreement, evaluate
 
 SMOKE_FILE = "smoke.json"
 SMOKE_FORMAT = "labkit smoke v1"

@@ -51,6 +51,20 @@ def test_grpo_history_updates_rows_and_timings_are_documented(grpo_run):
     assert keys(checkpoints) == set(metrics.GRPO_CHECKPOINT)
 
 
+def test_the_variants_keys_of_an_iteration_record_are_documented():
+    """The keys `core.record_iteration` writes only for some variants, read from its source."""
+    import ast
+    import inspect
+
+    from labkit.grpo import core
+
+    tree = ast.parse(inspect.getsource(core.record_iteration).lstrip())
+    written = {node.value for node in ast.walk(tree) if isinstance(node, ast.Dict) for node in node.keys
+               if isinstance(node, ast.Constant) and isinstance(node.value, str)}
+    variant_keys = written - set(metrics.GRPO_ITERATION)
+    assert variant_keys == set(metrics.GRPO_ITERATION_VARIANTS), variant_keys
+
+
 def test_sft_history_and_greedy_validation_are_documented(sft_run):
     folder, manifest = sft_run
     history = read_json(folder / "history.json")

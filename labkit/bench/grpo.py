@@ -43,10 +43,10 @@ from pathlib import Path
 
 import torch
 
-from ..grpo import core, loop as grpo, variants
-from ..models import presets as models, rollouts, sampling, scoring, shared_prompt
 from ..config import TINY, ReasoningConfig
+from ..models import presets as models, rollouts, sampling, scoring, shared_prompt
 from ..models.static_sampler import StaticDecoder, sample_static
+from ..grpo import core, loop as grpo, variants
 from .sampling import bench_prompts, load_bench_model
 
 WARM_START = models.REPO_ROOT / "runs" / "tiny" / "warm_start" / "model.safetensors"

@@ -16,8 +16,8 @@ import argparse
 import torch
 
 from ..models import scoring
-from ..eval.agreement import compare_samplers
 from ..models.sampling import sample_fast, sample_reference
+from ..eval.agreement import compare_samplers
 
 __all__ = ["compare_samplers", "load_bench_model", "main"]
 

@@ -21,8 +21,8 @@ from dataclasses import dataclass, field
 
 import matplotlib.pyplot as plt
 
-from . import plots
 from ..grpo.losses import expected_frac_reward_zero_std  # p^G + (1-p)^G
+from . import plots
 
 KNOBS_ENV = "LABKIT_KNOBS"
 

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ..eval import paired
 from ..grpo.losses import expected_frac_reward_zero_std
+from ..eval import paired
 from ..eval.evaluate import read_predictions, wilson_interval
 
 

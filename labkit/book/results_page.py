@@ -36,9 +36,9 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
+from ..lab.runs import FINISHED_MARKER, REPO_ROOT, atomic_write_bytes, atomic_write_text, read_json, sha256_file
 from ..eval import baselines, evaluate, paired
 from ..eval.evaluate import markdown_table, results_table, wilson_interval
-from ..lab.runs import FINISHED_MARKER, REPO_ROOT, atomic_write_bytes, atomic_write_text, read_json, sha256_file
 
 DEFAULT_RUN = REPO_ROOT / "runs" / "tiny"
 DEFAULT_OUT = REPO_ROOT / "book" / "results.md"

@@ -33,14 +33,14 @@ from pathlib import Path
 
 import torch
 
+from ..lab.runs import REPO_ROOT, RunExistsError, preset_folder, write_json
 from ..task import data
+from ..config import QWEN
 from ..models import sampling, scoring
 from ..models.presets import parameter_digest
 from ..models.rollouts import Rollout, decision_scores, gumbel_noise_at
 from ..models.scoring import MAX_NEW_TOKENS
-from ..config import QWEN
 from .evaluate import eval_seed
-from ..lab.runs import REPO_ROOT, RunExistsError, preset_folder, write_json
 
 DRAWS = QWEN.eval_draws  # samples per problem: the evaluation's (config.eval_draws), not a value of its own
 REPORT_NAME = "sampler_agreement.json"

@@ -20,8 +20,8 @@ from collections import Counter
 from pathlib import Path
 
 from ..task import data
-from .evaluate import read_predictions, wilson_interval
 from ..task.verifier import score
+from .evaluate import read_predictions, wilson_interval
 
 POPULATIONS = ("ALL", "ID50", "OOD100")
 

@@ -51,9 +51,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from . import evaluate
 from ..lab.runs import read_json
 from ..task.problems import Problem, solve
+from . import evaluate
 
 MAGNITUDE_BINS = ("target < 100", "target >= 100")
 CARRY_BINS = ("0", "1", "2", "3+")

@@ -63,13 +63,13 @@ from fractions import Fraction
 from pathlib import Path
 
 
-from ..task import data, verifier
 from ..lab import memory, runtime
-from ..grpo import metrics
-from ..models import scoring
-from ..config import QWEN, get_preset
 from ..lab.runs import (FINISHED_MARKER, REPO_ROOT, display_path, dumps_json, ensure_not_finished, is_finished,
                    mark_finished, preset_folder, read_json, read_jsonl, sha256_file, write_json, write_jsonl)
+from ..task import data, verifier
+from ..config import QWEN, get_preset
+from ..models import scoring
+from ..grpo import metrics
 
 POLICIES = ("warm_start", "sft", "grpo", "grpo_g2", "grpo_g8")
 MODES = ("greedy", "sample")
@@ -85,7 +85,7 @@ COSTS_FILE = "costs.json"
 RESULTS_FILE = "results.json"
 RESULTS_FORMAT = "labkit evaluation results v1"
 
-# Every name of results.json, documented once, in labkit.grpo.metrics (STYLE.md practice 7).
+# Every name of results.json, documented once, in labkit.grpo.metrics (tests/test_metrics.py checks it).
 METRICS = metrics.EVALUATION
 NOTES = (
     "Test samples are small: 200 greedy responses (100 per population) and 800 samples (400 per population); "

@@ -18,10 +18,10 @@ from __future__ import annotations
 
 from collections import Counter
 
-from ..models import sampling
-from ..task import worked
 from ..lab.runtime import hashed_seed
+from ..task import worked
 from ..task.worked import Chain
+from ..models import sampling
 
 ITEM = "boxes"
 

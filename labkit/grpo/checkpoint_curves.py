@@ -28,12 +28,12 @@ from dataclasses import dataclass
 
 import torch
 
-from ..task import data
-from . import losses
-from ..models import rollouts, sampling, scoring
-from ..config import PresetConfig
 from ..lab.runtime import hashed_seed
+from ..task import data
 from ..task.verifier import score
+from ..config import PresetConfig
+from ..models import rollouts, sampling, scoring
+from . import losses
 
 # Rows per teacher-forced forward: bounds the (rows, R, V) logits held at once (for qwen's
 # 151,936-entry vocabulary, 16 rows of 64 tokens are about 0.6 GB); changes no number.

@@ -34,10 +34,10 @@ from pathlib import Path
 
 import torch
 
-from ..config import SEED_OFFSETS, PresetConfig
 from ..lab import state as state_lib
-from ..models import presets as models, rollouts, sampling, scoring, shared_prompt
 from ..task import data, problems
+from ..config import SEED_OFFSETS, PresetConfig
+from ..models import presets as models, rollouts, sampling, scoring, shared_prompt
 from ..train.schedule import clipped_step, warmup_linear_decay
 from . import losses
 from .variants import Resolved
@@ -482,9 +482,10 @@ def update_iteration(loop: Loop, s: Sampled) -> tuple[list[dict], dict]:
                 trainer_logp_old = scorer(loop.model)[0]
             pre_update_check(trainer_logp_old)
             if resolved.tis_cap is not None:
-                weights = losses.truncated_importance_weights(trainer_logp_old, logp_old, batch.response_mask,
-                                                              resolved.tis_cap)
-                active = batch.response_mask.bool()
+                device = trainer_logp_old.device  # the sampler's record is on the CPU, the trainer's on its device
+                weights = losses.truncated_importance_weights(trainer_logp_old, logp_old.to(device),
+                                                              batch.response_mask.to(device), resolved.tis_cap)
+                active = batch.response_mask.to(device).bool()
                 check.update({"tis_weight_mean": float(weights[active].mean()),
                               "tis_capped": float((weights[active] >= resolved.tis_cap).double().mean())})
             logp_old = trainer_logp_old

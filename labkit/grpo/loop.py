@@ -19,15 +19,15 @@ from pathlib import Path
 
 import torch
 
-from ..config import PresetConfig, get_preset
 from ..lab import skeleton, state as state_lib
 from ..lab.runs import (REPO_ROOT, ArtifactError, RunFolder, display_path, is_finished,
                         preset_folder, read_json, run_path, same_folder, write_json)
 from ..lab.runtime import code_digests, data_digests, environment, seed_everything
 from ..lab.runtime import deterministic as deterministic_algorithms
 from ..lab.skeleton import Autosave, DeferredInterrupt, holding, refuse_earlier_attempt
-from ..models import presets as models
 from ..task import data
+from ..config import PresetConfig, get_preset
+from ..models import presets as models
 from . import checkpoint_curves
 from .core import Loop, new_loop, run_iteration
 from .variants import Resolved, Variant, resolve

@@ -36,6 +36,18 @@ GRPO_ITERATION = {
     "clip_ratio/region_mean": "from the iteration's last update",
 }
 
+# Written into an iteration's record only by the variants that switch them on (labkit.grpo.variants); the
+# protocol's records never hold them.
+GRPO_ITERATION_VARIANTS = {
+    "sampler_mismatch": "a sampler whose weights differ from the trainer's on purpose (sampler_weights bfloat16 or "
+                        "float8, or logp_old from the trainer): the pre-update check's mean_abs_diff and "
+                        "max_abs_diff, and with truncated importance sampling tis_weight_mean (mean weight over "
+                        "response tokens) and tis_capped (share of tokens whose weight the cap set)",
+    "dynamic_sampling": "DAPO's dynamic sampling: rounds (extra draws of P prompts), prompts_drawn, "
+                        "groups_with_signal, silent_kept (groups with no signal kept to fill the batch)",
+    "overlong_filtered": "DAPO's overlong filtering: responses stopped by the token limit, taken out of the loss",
+}
+
 # One GRPO update (history.json, record["updates"][k]).
 GRPO_UPDATE = {
     "loss": "surrogate + kl_coef x kl, the value backpropagated",

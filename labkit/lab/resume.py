@@ -20,8 +20,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from . import state as state_lib
 from .runs import write_json
+from . import state as state_lib
 
 
 @dataclass

@@ -14,8 +14,8 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from ..config import QWEN, TINY
 from ..lab.runs import REPO_ROOT, atomic_write_bytes, check_recorded_digest
+from ..config import QWEN, TINY
 from .tokenizer import load_tiny_tokenizer
 
 if TYPE_CHECKING:  # the classes are imported where a model is built: `import labkit` stays light (5 s less)

@@ -1,4 +1,4 @@
-"""The two samplers, rollout records, the pre-update check, and groups of rollouts.
+"""The reference and fast samplers, groups of rollouts, and the pre-update check (records and randomness: `labkit.models.rollouts`; the static sampler: `labkit.models.static_sampler`).
 
 The **reference sampler** is the protocol's: one rollout after another, no KV
 cache (a full forward over prompt + tokens so far at every step), eval mode,
@@ -37,12 +37,12 @@ from dataclasses import asdict, dataclass, field
 
 import torch
 
-from ..config import QWEN
 from ..task import verifier
-from . import scoring
-from .scoring import MAX_NEW_TOKENS  # the protocol's response limit: every sampler's default
+from ..config import QWEN
 from .rollouts import (GumbelStream, Rollout, check_arguments, choose_tokens, default_rollout_id,
                        eos_id_of, make_rollout, resolve_policy_digest, sample_in_batches)
+from . import scoring
+from .scoring import MAX_NEW_TOKENS  # the protocol's response limit: every sampler's default
 from .static_sampler import sample_static
 
 LOGPROB_TOLERANCE = QWEN.logprob_check_tol  # recorded vs re-scored log-probs (labkit.config)

@@ -22,8 +22,8 @@ from dataclasses import dataclass
 
 import torch
 
-from ..config import QWEN
 from ..task.problems import FORMAT_INSTRUCTION
+from ..config import QWEN
 
 # The protocol's limits (labkit.config; both presets share them).
 MAX_PROMPT_TOKENS = QWEN.max_prompt_tokens

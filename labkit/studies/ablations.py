@@ -25,8 +25,8 @@ from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 
-from ..eval import paired
 from ..lab.runs import REPO_ROOT, RunFolder, read_json
+from ..eval import paired
 
 SWEEP_FILE = REPO_ROOT / "sweeps" / "ablations.json"
 PARTNER = "grpo"

@@ -31,13 +31,13 @@ from pathlib import Path
 
 import torch
 
-from ..train import answer_phase
-from ..task import data, problems as task
-from ..models import presets as models, sampling, scoring
-from ..train import corpus as corpus_mod
-from ..config import FormatBaseConfig
 from ..lab.runs import REPO_ROOT, RunFolder, preset_folder, read_json, write_json
 from ..lab.runtime import code_digests, deterministic, environment, hashed_seed, seed_everything
+from ..task import data, problems as task
+from ..config import FormatBaseConfig
+from ..models import presets as models, sampling, scoring
+from ..train import answer_phase
+from ..train import corpus as corpus_mod
 from ..train.schedule import lm_update
 
 MODEL_FILE = "model.safetensors"

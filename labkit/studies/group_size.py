@@ -28,11 +28,11 @@ from pathlib import Path
 
 import torch
 
-from ..grpo import core, loop as grpo, losses
-from ..grpo.losses import expected_frac_reward_zero_std
-from ..config import QWEN, SEED_OFFSETS, PresetConfig, get_preset
 from ..lab.runs import (REPO_ROOT, RunExistsError, display_path, dumps_json, is_finished, mark_finished, preset_folder,
                    read_json, sha256_bytes, sha256_file, write_json)
+from ..config import QWEN, SEED_OFFSETS, PresetConfig, get_preset
+from ..grpo import core, loop as grpo, losses
+from ..grpo.losses import expected_frac_reward_zero_std
 
 BRANCH_GROUP_SIZES = (2, 8)
 BRANCH_ITERATIONS = 20

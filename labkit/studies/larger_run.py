@@ -27,8 +27,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ..config import PresetConfig, get_preset
 from ..lab.runs import RunFolder, preset_folder
+from ..config import PresetConfig, get_preset
 
 # The rate and length, chosen on the VALIDATION split (never the test split).  Each trial is a
 # full run of this loop from the warm start (32 prompts x G = 8 unless said), measured at its end

@@ -60,16 +60,16 @@ from pathlib import Path
 
 import torch
 
-from ..task import data
-from ..grpo import core, loop as grpo, losses, variants
-from ..models import presets as models, sampling, scoring
-from . import reward_model
-from .larger_run import larger_config
 from ..lab.runs import (REPO_ROOT, ArtifactError, RunFolder, preset_folder, read_json, read_jsonl, sha256_file, write_json,
                    write_jsonl)
 from ..lab.runtime import code_digests, data_digests, deterministic, environment, hashed_seed
-from ..grpo.variants import Variant
+from ..task import data
 from ..task.verifier import score
+from ..models import presets as models, sampling, scoring
+from ..grpo import core, loop as grpo, losses, variants
+from ..grpo.variants import Variant
+from .larger_run import larger_config
+from . import reward_model
 
 JUDGES = {"warm_start": "runs/{preset}/warm_start/model.safetensors", "base": "runs/{preset}/base/model.safetensors"}
 BEST_OF_N_DRAWS = 32

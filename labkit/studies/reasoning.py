@@ -45,16 +45,16 @@ from pathlib import Path
 
 import torch
 
-from ..grpo import core, loop as grpo
-from ..models import presets as models, sampling
-from ..eval import think_profile
-from . import thinking_base
-from ..task import worked
-from ..config import TINY, ReasoningConfig
 from ..lab.runs import REPO_ROOT, RunFolder, sha256_file, atomic_write_bytes, preset_folder, write_json
 from ..lab.runtime import code_digests, deterministic, environment, seed_everything
+from ..task import worked
+from ..config import TINY, ReasoningConfig
+from ..models import presets as models, sampling
+from ..grpo import core, loop as grpo
 from ..grpo import variants
 from ..grpo.variants import Variant
+from ..eval import think_profile
+from . import thinking_base
 
 MODEL_FILE = "model.safetensors"
 

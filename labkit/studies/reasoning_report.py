@@ -15,9 +15,9 @@ import gzip
 import json
 from math import comb
 
+from ..lab.runs import RunFolder
 from ..eval import paired
 from . import reasoning, thinking_base
-from ..lab.runs import RunFolder
 
 
 def run_profile(name: str, preset: str = "tiny") -> dict:

@@ -45,12 +45,12 @@ from pathlib import Path
 
 import torch
 
-from ..task import data
-from ..eval import evaluate
-from ..models import presets as models, sampling, scoring
 from ..lab.runs import REPO_ROOT, RunFolder, preset_folder, read_jsonl, sha256_file, write_json, write_jsonl
-from ..config import RewardModelConfig
 from ..lab.runtime import code_digests, data_digests, deterministic, environment, hashed_seed, seed_everything
+from ..task import data
+from ..config import RewardModelConfig
+from ..models import presets as models, sampling, scoring
+from ..eval import evaluate
 
 POLICIES = ("warm_start", "sft")  # whose responses the reward model learns to judge
 JUDGE = "warm_start"  # the frozen model whose scores are the classifier's input

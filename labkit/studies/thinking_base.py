@@ -21,10 +21,9 @@ of the held-out chains that measure the bases and train GRPO):
 
 Chat documents take their loss on the answer only, plain ones on every token but the drawn
 operands; documents are packed whole into rows (`pretrain.pack_rows`: position ids restart with
-every document, so a document sees only itself).  What was tried before this mix (a quarter of
-the documents single steps "a + b = c", numbers written without zeros in front, a rate falling
-from the start) taught the form of working and not its substance; book/instructor.md says what
-each change did.
+every document, so a document sees only itself).  What was tried beside this mix (a quarter of
+the documents single steps "a + b = c"; every number of the working in three digits) taught the
+form of working and not its substance; book/instructor.md says what each change did.
 
 The bases (`BASES`): "skill" (phase 1 from the committed base: half the documents worked);
 "rare_0", "rare_2", "rare_10" (phase 2 from "skill": worked-prompt documents answered with
@@ -49,16 +48,16 @@ from pathlib import Path
 
 import torch
 
-from ..train import answer_phase
-from ..models import presets as models
-from ..task import problems as task, worked
-from ..eval import think_profile
-from ..train import corpus as corpus_mod
-from ..config import ReasoningConfig, ThinkingBaseConfig, ThinkingPhase
-from ..train.pretrain import batch_tensors, pack_rows, tokenize_document
 from ..lab.runs import REPO_ROOT, RunFolder, atomic_write_bytes, preset_folder, sha256_file, read_json, write_json
 from ..lab.runtime import code_digests, deterministic, environment, seed_everything
+from ..task import problems as task, worked
+from ..config import ReasoningConfig, ThinkingBaseConfig, ThinkingPhase
+from ..models import presets as models
+from ..train import answer_phase
+from ..train import corpus as corpus_mod
+from ..train.pretrain import batch_tensors, pack_rows, tokenize_document
 from ..train.schedule import lm_update, warmup_cosine
+from ..eval import think_profile
 
 MODEL_FILE = "model.safetensors"
 OOD_SHARE = 0.15  # chains with operands up to OOD_MAX, as the corpus's problems

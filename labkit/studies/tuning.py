@@ -18,8 +18,8 @@ from pathlib import Path
 
 import torch
 
-from ..config import FIXED_SEEDS, TINY, PresetConfig
 from ..lab.runs import REPO_ROOT, write_json
+from ..config import FIXED_SEEDS, TINY, PresetConfig
 
 TUNE_DIR = REPO_ROOT / "runs" / "scratch" / "tune"
 VALIDATION_DRAW_SEED = FIXED_SEEDS["tuning_validation_draws"]  # the validation draws' seeds (not the evaluation's)

@@ -19,8 +19,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from . import problems as task
 from ..lab.runs import REPO_ROOT, ArtifactError, atomic_write_text, read_json, read_jsonl, sha256_file, write_jsonl
+from . import problems as task
 
 DATA_DIR = REPO_ROOT / "data" / "stock_arithmetic_v1"
 SPLITS = ("train", "validation", "test")

@@ -40,8 +40,8 @@ import re
 from collections import Counter
 from dataclasses import dataclass
 
-from . import verifier
 from .problems import ID_MAX, OOD_MAX, TARGET_MAX, Problem
+from . import verifier
 
 WORKED_INSTRUCTION = ('Work it out step by step, one movement per line as "a + b = c" or "a - b = c", '
                       'then end with only a JSON object of the form {"final_stock": <integer>}.')

@@ -55,16 +55,16 @@ from pathlib import Path
 
 import torch
 
-from ..task import data, problems as task
-from ..models import scoring
 from ..lab import state as state_lib
-from ..config import QWEN, SEED_OFFSETS, PresetConfig, get_preset
+from ..lab import skeleton
 from ..lab.runs import (REPO_ROOT, RunFolder, UnfinishedRunError, display_path, is_finished, preset_folder, read_json,
                    run_path, same_folder, sha256_file, write_json)
 from ..lab.runtime import code_digests, data_digests, environment, seed_everything
 from ..lab.runtime import deterministic as deterministic_algorithms
-from ..lab import skeleton
 from ..lab.skeleton import Autosave, DeferredInterrupt, holding
+from ..task import data, problems as task
+from ..config import QWEN, SEED_OFFSETS, PresetConfig, get_preset
+from ..models import scoring
 from .schedule import clipped_step, warmup_linear_decay, warmup_updates
 
 BRANCHES = ("warm_start", "sft")

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import math
 
-from ...studies import reasoning
 from ...task import worked
+from ...studies import reasoning
 from ._calling import ExerciseError, call_student, require_function
 
 CHAIN = worked.Chain(41, (35, 12, -30, -7))  # levels 76, 88, 58, 51

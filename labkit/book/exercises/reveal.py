@@ -8,9 +8,9 @@ study), prints the measurement with its paired tests, compares the student's pre
 
 from __future__ import annotations
 
-from ...studies import ablations, reasoning_report, thinking_base
-from ...eval import paired
 from ...lab.runs import RunFolder
+from ...eval import paired
+from ...studies import ablations, reasoning_report, thinking_base
 from .predict import check_prediction
 
 
