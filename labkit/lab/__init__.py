@@ -2,6 +2,7 @@
 
     runs      run folders, manifests, atomic writes, digests, the FINISHED marker
     state     full resumable training states: capture, save, load, compare exactly
+    skeleton  one run's life: hold the folder, refuse or clear an earlier attempt, autosave, Ctrl-C
     resume    the exact-resume check: a continuous run against a stopped-then-resumed one
     runtime   seeds, deterministic kernels, versions, the code's and data's digests
     memory    the process's peak memory, measured one way

@@ -29,7 +29,7 @@ DATA_FILES = tuple(
 # packages' __init__.py files are not: each holds its docstring and nothing else (tests/test_layers.py), and
 # labkit/__init__.py its docstring and __version__, so importing them runs nothing a step computes with.
 LEARNING_CODE = ("labkit/config.py", "labkit/lab/memory.py", "labkit/lab/resume.py", "labkit/lab/runs.py",
-                 "labkit/lab/runtime.py", "labkit/lab/state.py", "labkit/task/data.py", "labkit/task/problems.py",
+                 "labkit/lab/runtime.py", "labkit/lab/skeleton.py", "labkit/lab/state.py", "labkit/task/data.py", "labkit/task/problems.py",
                  "labkit/task/verifier.py", "labkit/models/presets.py", "labkit/models/rollouts.py",
                  "labkit/models/sampling.py", "labkit/models/scoring.py", "labkit/models/static_sampler.py",
                  "labkit/models/tokenizer.py", "labkit/train/schedule.py")

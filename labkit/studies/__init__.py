@@ -3,7 +3,7 @@
     gradient_study, kl_gradients             the policy-gradient identity, the gradient's noise, the KL
                                              estimators' gradients (chapters 2-5, appendix)
     ablations                                one piece of GRPO removed per run, compared in pairs
-    G                               the group-size exercise (chapter 8)
+    group_size                               the group-size exercise (chapter 8)
     larger_run, tuning                       the larger run that moves the tiny policy; the tiny rates
     sweep                                    the objective's variants, run and cached (chapter 9)
     reward_model, format_base,               a learned verifier, a base that rarely answers in format,
