@@ -19,15 +19,18 @@ One GRPO iteration, in reading order (labkit/grpo/__init__.py says more):
 grpo/loop.py `run_iteration` samples with models/sampling.py, scores with task/verifier.py, takes
 group advantages, and updates with grpo/losses.py's clipped surrogate and exact KL.
 
-What the chapters import, module by module (tests/test_notebook_tags.py keeps the notebooks to it):
+What the chapters import, module by module (tests/test_public_names.py keeps this list and the notebooks
+equal):
 
+    labkit.lab       runs
     labkit.task      problems, verifier, data, worked
-    labkit.config    TINY, get_preset
-    labkit.models    presets, scoring, sampling
-    labkit.train     schedule, adam_step, corpus, answer_phase
-    labkit.grpo      loop, losses, objectives, variants
+    labkit.config
+    labkit.models    presets, scoring, rollouts, sampling
+    labkit.train     schedule, adam_step, corpus, answer_phase, sft
+    labkit.grpo      core, loop, losses, objectives, variants
     labkit.eval      evaluate, paired, agreement, difficulty, baselines, think_profile
-    labkit.studies   one module per chapter's experiment
+    labkit.studies   ablations, group_size, larger_run, sweep, kl_gradients, format_base, reward_model,
+                     overoptimisation, overoptimisation_summary, thinking_base, reasoning, reasoning_report
     labkit.book      plots, plots_ablations, plots_reasoning, knobs, narrative, exercises
 """
 

@@ -865,28 +865,6 @@ def plot_problem_transitions(tables: dict[str, list[list[int]]], a_name: str, b_
     return fig
 
 
-def plot_pass_at_k_curves(curves: dict[str, tuple[list[int], list[float]]], greedy: dict[str, float] | None = None,
-                          title: str = ""):
-    """pass@k against k (log axis) for several policies (chapter 7): curves {label: (ks, values)},
-    with each policy's greedy pass@1 as a marker at k = 1 when given."""
-    fig, ax = plt.subplots(figsize=(5.8, 3.4))
-    for label, (ks, values) in curves.items():
-        line, = ax.plot(ks, [100 * v for v in values], "o-", markersize=3.5, label=f"{label} pass@k")
-        if greedy and label in greedy:
-            ax.scatter([1], [100 * greedy[label]], marker="*", s=90, color=line.get_color(), zorder=3,
-                       label=f"{label} greedy")
-    ax.set_xscale("log", base=2)
-    ks = sorted({k for ks, _ in curves.values() for k in ks})
-    ax.set_xticks(ks, [str(k) for k in ks])
-    ax.set_xlabel("k (samples per problem)")
-    ax.set_ylabel("problems solved (%)")
-    ax.set_ylim(0, 100)
-    ax.set_title(title, fontsize=9, loc="left")
-    ax.legend(fontsize=8, loc="lower right")
-    fig.tight_layout()
-    return fig
-
-
 def plot_pass_at_k_panels(panels: dict[str, dict[str, tuple[list[int], list[float]]]],
                           greedy: dict[str, dict[str, float]] | None = None, title: str = ""):
     """pass@k against k (log axis), one panel per population (chapter 7).

@@ -548,11 +548,6 @@ def render(run: str | Path = DEFAULT_RUN) -> str:
     return _page(run)[0]
 
 
-def render_detail(run: str | Path = DEFAULT_RUN) -> str:
-    """The detail page's markdown for the run folder `run`."""
-    return _page(run)[1]
-
-
 def detail_path(out: str | Path = DEFAULT_OUT) -> Path:
     """Where the results page `out` keeps its detail page: DETAIL, beside it."""
     return Path(out).parent / DETAIL
