@@ -223,3 +223,37 @@ def test_a_rerun_into_an_unfinished_attempt_is_refused_unless_restarted(tmp_path
     assert (folder / "states" / "epoch-1.pt.gz").is_file(), "the refusal deleted nothing"
     manifest = sft.run_branch(SHORT, "warm_start", folder, restart=True, **common)
     assert manifest["status"] == "finished"
+
+
+def test_a_first_ctrl_c_mid_epoch_saves_an_autosave_that_resumes_to_the_continuous_run(checked, factory, tmp_path,
+                                                                                       monkeypatch):
+    """The run skeleton (labkit.lab.skeleton) in SFT: Ctrl-C during update 3 (epoch 2 of 2, 2 updates an epoch)
+    finishes the update, saves states/update-00003.pt.gz and stops naming it; resumed from it, inside its
+    epoch, the run ends with the continuous run's model and history, bit for bit."""
+    from labkit.lab import skeleton
+    from labkit.lab.runs import sha256_file
+
+    asked = skeleton.Autosave.due
+
+    def ctrl_c_at_update_3(self, done):
+        if done == 3:
+            self.interrupt.requested = True  # what DeferredInterrupt's handler does on a first Ctrl-C
+        return asked(self, done)
+
+    monkeypatch.setattr(skeleton.Autosave, "due", ctrl_c_at_update_3)
+    folder = tmp_path / "run"
+    common = dict(model_factory=factory, validation_limit=VALIDATION_LIMIT, progress=False, greedy_eval=False)
+    with pytest.raises(skeleton.Interrupted, match=r"interrupted after update 3: its state is .*update-00003\.pt\.gz; "
+                                                   r"continue with the same command and --resume-from "):
+        sft.run_branch(SHORT, "warm_start", folder, **common)
+    state_file = folder / "states" / "update-00003.pt.gz"
+    saved, _ = state.load_state(state_file)
+    assert saved["progress"]["updates_done"] == 3 and saved["data_order"]["cursor"] == 4  # inside epoch 2
+    monkeypatch.setattr(skeleton.Autosave, "due", asked)
+    manifest = sft.run_branch(SHORT, "warm_start", folder, resume_from=state_file, **common)
+    root, _ = checked
+    assert manifest["status"] == "finished"
+    assert sha256_file(folder / "model.safetensors") == sha256_file(root / "real" / "model.safetensors")
+    assert read_json(folder / "history.json") == read_json(root / "real" / "history.json")
+    # the state it resumed from stays, named by the manifest (as GRPO's does)
+    assert state_file.exists() and manifest["resumed_from"]["path"] == str(state_file)
