@@ -110,7 +110,7 @@ from .lab import state as state_lib
 from .lab.runs import REPO_ROOT, display_path, ensure_not_finished, mark_finished, write_json
 from .lab.runtime import deterministic, seed_everything
 from .config import get_preset
-from .models import presets as models, sampling, scoring
+from .models import presets as models, sampling, scoring  # noqa: F401  (scoring: imported now, see above)
 from .models.tokenizer import ASSET_DIR
 from .train import sft
 from .grpo import core, losses, variants
@@ -636,15 +636,21 @@ def stage_warm_start_file(s: Smoke, detail: dict) -> None:
     prepare_grpo(s)
 
 
-def prepare_grpo(s: Smoke) -> None:
-    """GRPO's stage 0 after the two loads, by `core.new_loop` (the second half of `grpo.start_loop`):
-    AdamW, pool, prompt order, generation generator and identity in a `core.Loop`, whose `capture`
-    makes the run's state; then iteration 1's prompts and seeds by `core.draw_prompts`."""
+def new_smoke_loop(s: Smoke, model, reference) -> core.Loop:
+    """GRPO's stage 0 after the two loads, by `core.new_loop` (the second half of `grpo.start_loop`): AdamW,
+    pool, prompt order, generation generator and identity in a `core.Loop`, whose `capture` makes the
+    run's state; the protocol's variant, resolved once."""
     config = s.config.with_overrides(max_new_tokens=s.max_new_tokens)
-    seed_everything(config.seed)
-    s.loop = core.new_loop(config, config.G, config.grpo_iterations, s.model, s.reference, s.tokenizer,
-                           s.start_digest, start_label="smoke warm start", sampler="reference", device=s.device,
-                           resolved=variants.resolve(variants.Variant(), config), extra_identity={"smoke_layers": s.model_config.num_hidden_layers})
+    return core.new_loop(config, config.G, config.grpo_iterations, model, reference, s.tokenizer, s.start_digest,
+                         start_label="smoke warm start", sampler="reference", device=s.device,
+                         resolved=variants.resolve(variants.Variant(), config),
+                         extra_identity={"smoke_layers": s.model_config.num_hidden_layers})
+
+
+def prepare_grpo(s: Smoke) -> None:
+    """The run's loop (`new_smoke_loop`); then iteration 1's prompts and seeds by `core.draw_prompts`."""
+    seed_everything(s.config.seed)
+    s.loop = new_smoke_loop(s, s.model, s.reference)
     s.chosen, s.seeds = core.draw_prompts(s.loop)
 
 
@@ -856,18 +862,11 @@ def stage_state_reload(s: Smoke, detail: dict) -> None:
     fits, available = memory_fits(need - size)
     detail.update(state_tensor_bytes=size, estimated_need_bytes=need,
                   available_bytes=None if available is None else available + size)
-    config, loop = s.config, s.loop
     if path.exists() and fits:
         free("snapshot", smoke=s)  # compared through its digests from here on
     model = s.load_policy()  # other weights than the saved ones
     before_restore = models.parameter_digest(model)
-    fresh = dataclasses.replace(
-        loop, model=model, reference=None, history=[], consumed=[], next_update=0,
-        optimizer=torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=config.grpo_lr,
-                                    weight_decay=config.grpo_weight_decay),
-        order=core.PromptOrder(len(loop.pool), config.seed + core.PROMPT_ORDER_SEED_OFFSET),
-        generation=torch.Generator(),
-    )
+    fresh = new_smoke_loop(s, model, None)  # a fresh AdamW, prompt order and generator, as a resumed run has
     if path.exists() and fits:
         iteration, _ = fresh.restore(path)
         detail["source"] = "core.Loop.restore of the saved file"
