@@ -16,7 +16,7 @@ Its units sit in one order; each imports only from itself and the units above it
     commands   cli (`python -m labkit`), pipeline, smoke, bench
 
 One GRPO iteration, in reading order (labkit/grpo/__init__.py says more):
-grpo/loop.py `run_iteration` samples with models/sampling.py, scores with task/verifier.py, takes
+grpo/core.py `run_iteration` samples with models/sampling.py, scores with task/verifier.py, takes
 group advantages, and updates with grpo/losses.py's clipped surrogate and exact KL.
 
 What the chapters import, module by module (tests/test_public_names.py keeps this list and the notebooks

@@ -107,7 +107,8 @@ import torch
 # module first imported half-way through would be whatever the file holds by then.
 from .lab import memory, runtime
 from .lab import state as state_lib
-from .lab.runs import REPO_ROOT, display_path, ensure_not_finished, mark_finished, write_json
+from .lab.runs import REPO_ROOT, RunFolder, display_path, write_json
+from .lab.skeleton import holding
 from .lab.runtime import deterministic, seed_everything
 from .config import get_preset
 from .models import presets as models, sampling, scoring  # noqa: F401  (scoring: imported now, see above)
@@ -1002,7 +1003,16 @@ def run_smoke(preset: str = "qwen", *, random_weights: bool = True, device: str 
     device = device or models.default_device("qwen")
     max_new_tokens = max_new_tokens or (CPU_MAX_NEW_TOKENS if device == "cpu" else get_preset("qwen").max_new_tokens)
     check_arguments(preset, random_weights, device, layers, max_new_tokens, eval_problems, rewards, head_dim)
-    run_dir = ensure_not_finished(run_dir or default_run_dir(device, layers, head_dim))
+    folder = RunFolder(run_dir or default_run_dir(device, layers, head_dim))
+    with holding(folder):  # the run skeleton's first stage: a finished run is refused, the lock released at the end
+        return _run_stages(folder, preset, device, layers, head_dim, max_new_tokens, eval_problems, rewards,
+                           progress, state_compresslevel)
+
+
+def _run_stages(folder: RunFolder, preset: str, device: str, layers: int, head_dim: int, max_new_tokens: int,
+                eval_problems: int, rewards: str, progress: bool, state_compresslevel: int) -> dict:
+    """run_smoke's body, inside the held run folder: every stage, the report, then FINISHED."""
+    run_dir = folder.path
     models.disable_tf32()  # FP32 means FP32 (the qwen loader does the same)
     s = Smoke(config=get_preset("qwen"), model_config=smoke_model_config(layers, head_dim), device=device,
               run_dir=run_dir, max_new_tokens=max_new_tokens, eval_problems=eval_problems, rewards=rewards,
@@ -1061,7 +1071,7 @@ def run_smoke(preset: str = "qwen", *, random_weights: bool = True, device: str 
     finally:
         write()
         shutil.rmtree(s.work, ignore_errors=True)  # gigabytes of intermediate files: sizes are recorded
-    mark_finished(run_dir, {"stages": len(meter.rows), "total_seconds": report["total_seconds"]})
+    folder.mark_finished({"stages": len(meter.rows), "total_seconds": report["total_seconds"]})
     return report
 
 

@@ -166,7 +166,7 @@ def measure() -> dict:
     """The reading path from START: its functions in reading order (depth first), their lines and files,
     the boundary calls, and the depth of TARGET."""
     resolved_fields = protocol_fields()
-    order, boundary, depth = [], [], {START: 0}
+    order, boundary = [], []
     seen = set()
 
     def visit(key):
@@ -178,8 +178,6 @@ def measure() -> dict:
             return
         order.append(fn)
         for callee in callees(fn, resolved_fields):
-            depth.setdefault(callee, depth[key] + 1)
-            depth[callee] = min(depth[callee], depth[key] + 1)
             if callee[0].startswith(CORE):
                 visit(callee)
             elif callee not in boundary:

@@ -139,7 +139,7 @@ def test_the_glossary_names_the_code_as_it_is():
 
     text = (REPO_ROOT / "book" / "glossary.md").read_text(encoding="utf-8")
     table = text.split("```{glossary}")[0]
-    fields = set(re.findall(r"`config\.([a-z_]+)`", table))
+    fields = set(re.findall(r"`config\.([A-Za-z_]+)`", table))
     assert {"G", "clip_eps", "kl_coef", "prompts_per_iteration"} <= fields
     assert all(hasattr(TINY, f) for f in fields), sorted(f for f in fields if not hasattr(TINY, f))
     functions = re.findall(r"`(?:labkit\.(evaluate|verifier)\.)?([a-z_]+)\(", table)

@@ -23,7 +23,8 @@ RETIRED = {
 EXERCISE = re.compile(r"studies[./]group_size|import group_size|group_size as gs|group_size\.[a-z_]+\(|"
                       r"Step\(\"group_size\"|then=\(\"group_size\"|\"step\": \"group_size\"|group-size|group_size/|"
                       r"runs/[^/ ]+/group_size|/ \"group_size\"|preset_folder\(preset, \"group_size\"|"
-                      r"\"evaluation\", \"group_size\"\)|\"group_size\": (?:lambda|\"group_size\")")
+                      r"\"evaluation\", \"group_size\"\)|\"group_size\": (?:lambda|\"group_size\")|"
+                      r"labkit\.studies\s+ablations, group_size,")  # labkit/__init__.py's table of modules
 
 
 def sources() -> list[tuple[str, str]]:

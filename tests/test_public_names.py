@@ -42,7 +42,7 @@ def imported_by_chapters() -> set[str]:
                 if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("labkit"):
                     for alias in node.names:
                         full = f"{node.module}.{alias.name}"
-                        out.add(full if importlib.util.find_spec(node.module) and _is_module(full) else node.module)
+                        out.add(full if _is_module(full) else node.module)
                 elif isinstance(node, ast.Import):
                     out.update(a.name for a in node.names if a.name.startswith("labkit"))
     return out

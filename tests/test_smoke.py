@@ -179,6 +179,27 @@ def test_the_full_state_reloads_bit_for_bit(smoke_run):
         assert detail(report, f"eval_{mode}")["responses"] == responses
 
 
+def test_the_smoke_holds_its_folder_through_the_run_skeleton(smoke_run, tmp_path, monkeypatch):
+    """labkit.lab.skeleton.holding: the finished smoke folder is refused, untouched; the lock goes when a run
+    ends, and when a stage fails too (a notebook or a test process goes on afterwards)."""
+    from labkit.lab import runs
+    _, run_dir = smoke_run
+    assert os.path.realpath(run_dir) not in runs._HELD
+    before = {p.name: p.stat().st_mtime_ns for p in run_dir.iterdir()}
+    with pytest.raises(runs.RunExistsError, match="holds a finished run"):
+        smoke.run_smoke("qwen", device="cpu", layers=LAYERS, head_dim=HEAD_DIM, run_dir=run_dir, progress=False)
+    assert {p.name: p.stat().st_mtime_ns for p in run_dir.iterdir()} == before
+
+    def broken(s, detail):
+        raise RuntimeError("a stage failed")
+    monkeypatch.setattr(smoke, "stage_build", broken)
+    failed = tmp_path / "failed"
+    with pytest.raises(RuntimeError, match="a stage failed"):
+        smoke.run_smoke("qwen", device="cpu", layers=LAYERS, head_dim=HEAD_DIM, run_dir=failed, progress=False)
+    assert os.path.realpath(failed) not in runs._HELD and not (failed / "FINISHED").exists()
+    assert read_json(failed / "smoke.json")["stages"][0]["status"] == "failed"
+
+
 @pytest.mark.parametrize("argv, message", [
     (["smoke", "--preset", "tiny", "--random-weights"], "--preset 'tiny': the smoke builds the qwen architecture"),
     (["smoke"], "--random-weights is required"),

@@ -42,8 +42,9 @@ ROLLOUT_CODE = ("labkit/models/shared_prompt.py", "labkit/grpo/checkpoint_curves
 # give pretraining is checked instead (see BASE_UNRECORDED_WHY and tests/test_cache_steps.py).
 BASE_UNRECORDED = ("labkit/config.py", "labkit/models/presets.py", "labkit/lab/runs.py", "labkit/lab/state.py", "labkit/models/tokenizer.py")
 BASE_UNRECORDED_WHY = (
-    "Their versions of 2026-12-01 re-pretrained the base bit for bit (same model.safetensors), and so did those "
-    "of 2026-12-04 (the re-layout into sub-packages).  What pretraining takes from config.py and "
+    "Their versions of 2026-12-01 re-pretrained the base bit for bit (same model.safetensors), and so did the "
+    "re-layout's (2026-12-04, commit 4e9dc8a: every file moved into its sub-package; 8,434 s on one thread, "
+    "SHA-256 5946893370...).  What pretraining takes from config.py and "
     "models/presets.py is the architecture, its initialisation and the two phases' settings (PretrainConfig, "
     "AnswerPhaseConfig, CORPUS_SEED), and tests check that presets.tiny_model_config() still equals the "
     "committed base's config.json and PretrainConfig() its manifest's config; lab/runs.py and lab/state.py "
