@@ -64,3 +64,43 @@ def test_the_chapters_import_exactly_the_listed_modules():
     listed_now, imported = listed(), imported_by_chapters()
     assert imported - listed_now == set(), f"imported by a chapter, not listed in labkit/__init__.py: {sorted(imported - listed_now)}"
     assert listed_now - imported == set(), f"listed, imported by no chapter: {sorted(listed_now - imported)}"
+
+
+def rebound_imports(source: str) -> list[str]:
+    """The names a notebook's code imports from labkit and then binds again (an assignment, a loop
+    variable, a function or its argument): after the rebinding the name no longer means the module."""
+    tree = ast.parse(source)
+    imported = {alias.asname or alias.name.split(".")[0]
+                for node in ast.walk(tree)
+                if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("labkit")
+                or isinstance(node, ast.Import) and any(a.name.startswith("labkit") for a in node.names)
+                for alias in node.names}
+    bound = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store):
+            bound.add(node.id)
+        elif isinstance(node, (ast.FunctionDef, ast.ClassDef)):
+            bound.add(node.name)
+        elif isinstance(node, ast.arg):
+            bound.add(node.arg)
+    return sorted(imported & bound)
+
+
+def test_rebound_imports_are_found():
+    assert rebound_imports("from labkit.models import rollouts\nrollouts = [1]\n") == ["rollouts"]
+    assert rebound_imports("from labkit.models import sampling as s\nfor s in range(2):\n    pass\n") == ["s"]
+    assert rebound_imports("from labkit.models import rollouts\ndef f(rollouts):\n    pass\n") == ["rollouts"]
+    assert rebound_imports("from labkit.models import rollouts\nrows = rollouts.Rollout\n") == []
+
+
+def test_no_chapter_rebinds_a_name_it_imports_from_labkit():
+    """Chapter 6 once imported the module `rollouts` and named its list of rows `rollouts` too: the
+    module's `rollouts.Rollout` then failed in a later cell.  A chapter's cells share one namespace."""
+    clashes = {}
+    for path in sorted((ROOT / "notebooks").glob("*.ipynb")):
+        source = "\n".join(line for cell in json.loads(path.read_text())["cells"] if cell["cell_type"] == "code"
+                           for line in "".join(cell["source"]).splitlines()
+                           if not line.lstrip().startswith(("%", "!")))
+        if rebound_imports(source):
+            clashes[path.name] = rebound_imports(source)
+    assert clashes == {}, f"names imported from labkit and bound again in the same chapter: {clashes}"
