@@ -462,6 +462,32 @@ def test_a_resume_that_names_the_folder_through_a_link_keeps_every_state(tmp_pat
     assert_equals_continuous(target, reference)
 
 
+@pytest.mark.xfail(strict=True, raises=TypeError, reason=(
+    "a known race, left for the next rebuild (grpo/loop.py and lab/skeleton.py are inputs of every cached step "
+    "but the base): a first Ctrl-C heard after Autosave.due(done) answered no and before stop_if_asked looks "
+    "stops the run with no state of iteration `done` saved, and display_path(None) raises.  The fix: stop on "
+    "the answer due() gave, or save the state in stop_if_asked"))
+def test_a_ctrl_c_heard_just_after_the_autosave_decision_still_stops_at_a_saved_state(tmp_path, capsys, monkeypatch):
+    """The Ctrl-C of the test below, at its worst moment, made deterministic: heard while iteration 2 ends,
+    just after the skeleton decided not to autosave.  The run must still stop at a state it saved."""
+    from labkit.lab import skeleton
+
+    decide = skeleton.Autosave.due
+
+    def ctrl_c_after_deciding(self, done):
+        answer = decide(self, done)
+        if done == 2:
+            self.interrupt.requested = True  # what DeferredInterrupt's handler does on a first Ctrl-C
+        return answer
+
+    monkeypatch.setattr(skeleton.Autosave, "due", ctrl_c_after_deciding)
+    assert in_process(tmp_path / "run") == 130
+    last = capsys.readouterr().err.strip().splitlines()[-1]
+    found = re.fullmatch(r"interrupted: interrupted after iteration (\d): its state is (\S+); continue with the "
+                         r"same command and --resume", last)
+    assert found and Path(found.group(2)).is_file(), last
+
+
 def test_ctrl_c_with_the_default_options_saves_a_state_and_says_how_to_resume(tmp_path, launch, reference):
     folder = tmp_path / "run"
     run = launch(folder)  # no --save-states-at: only the run's own saves
