@@ -29,15 +29,19 @@ def listed() -> set[str]:
     return out
 
 
+def chapter_code() -> dict[str, list[str]]:
+    """Each chapter's code cells (notebook file name -> their sources), without IPython's % and ! lines."""
+    return {path.name: ["\n".join(line for line in "".join(cell["source"]).splitlines()
+                                  if not line.lstrip().startswith(("%", "!")))
+                        for cell in json.loads(path.read_text())["cells"] if cell["cell_type"] == "code"]
+            for path in sorted((ROOT / "notebooks").glob("*.ipynb"))}
+
+
 def imported_by_chapters() -> set[str]:
     """Every labkit module a chapter's code cell imports (a name imported from a module counts as its module)."""
     out = set()
-    for path in sorted((ROOT / "notebooks").glob("*.ipynb")):
-        for cell in json.loads(path.read_text())["cells"]:
-            if cell["cell_type"] != "code":
-                continue
-            source = "\n".join(line for line in "".join(cell["source"]).splitlines()
-                               if not line.lstrip().startswith(("%", "!")))
+    for cells in chapter_code().values():
+        for source in cells:
             for node in ast.walk(ast.parse(source)):
                 if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("labkit"):
                     for alias in node.names:
@@ -96,11 +100,6 @@ def test_rebound_imports_are_found():
 def test_no_chapter_rebinds_a_name_it_imports_from_labkit():
     """Chapter 6 once imported the module `rollouts` and named its list of rows `rollouts` too: the
     module's `rollouts.Rollout` then failed in a later cell.  A chapter's cells share one namespace."""
-    clashes = {}
-    for path in sorted((ROOT / "notebooks").glob("*.ipynb")):
-        source = "\n".join(line for cell in json.loads(path.read_text())["cells"] if cell["cell_type"] == "code"
-                           for line in "".join(cell["source"]).splitlines()
-                           if not line.lstrip().startswith(("%", "!")))
-        if rebound_imports(source):
-            clashes[path.name] = rebound_imports(source)
+    rebound = {name: rebound_imports("\n".join(cells)) for name, cells in chapter_code().items()}
+    clashes = {name: names for name, names in rebound.items() if names}
     assert clashes == {}, f"names imported from labkit and bound again in the same chapter: {clashes}"
