@@ -279,19 +279,65 @@ def cmd_all(args: argparse.Namespace) -> int:
 
 def cmd_cache(args: argparse.Namespace) -> int:
     """Is the cached run fresh against the code, data and upstream runs that made it?"""
+    from . import steps
     from .lab import cache
 
+    chosen = tuple(steps.get_step(name) for name in args.steps.split(",")) if args.steps else steps.STEPS
     if args.action == "record":
-        for step in args.steps.split(","):
+        if not args.steps:
+            raise ValueError("cache record: name the steps you have just built with --steps (e.g. --steps grpo)")
+        for step in chosen:
             cache.record(step, args.preset)
-            print(f"recorded the inputs of {step}")
+            print(f"recorded the inputs of {step.name}")
         return 0
-    verdicts = cache.check(args.preset)
+    if args.action == "restamp":
+        return restamp_cache(args.preset, chosen, args.commit)
+    verdicts = cache.check(chosen, args.preset)
     print(cache.format_check(verdicts))
     bad = [k for k, v in verdicts.items() if v["status"] != "fresh"]
     if bad:
         print(f"not fresh: {', '.join(bad)}; rebuild with `make cache`", file=sys.stderr)
     return 1 if bad else 0
+
+
+def restamp_cache(preset: str, chosen: tuple, commit: str) -> int:
+    """Adopt the code fingerprints without a rebuild: each step recorded by file bytes gets the fingerprint
+    of exactly the code those bytes prove (`labkit.lab.cache.restamp`), and the sweeps' runs their new
+    names (`labkit.studies.sweep.restamp`).  A step whose bytes do not match `commit` is refused by name."""
+    from .lab import cache
+    from .lab.fingerprint import Sources
+    from .lab.runs import write_json
+    from .studies import sweep
+
+    commit = cache.resolve_commit(commit)
+    record = cache.read_cache(preset)
+    refused = []
+    for step in chosen:
+        if step.name in record and not cache.is_byte_record(record[step.name]):
+            print(f"{step.name:<16} already fingerprinted; left alone")
+            continue
+        try:
+            record[step.name] = cache.restamp(step, preset, commit)
+        except cache.RestampRefused as err:
+            refused.append(str(err))
+            print(f"{step.name:<16} REFUSED: {err}")
+            continue
+        print(f"{step.name:<16} restamped from {commit[:12]}: {len(record[step.name]['code'])} definitions")
+    write_json(cache.runs_dir(preset) / cache.CACHE_FILE, record)
+    # The sweeps' runs were named by the byte digests of the GRPO and evaluation steps' files at `commit`.
+    legacy = {}
+    for name in ("grpo", "evaluation"):
+        legacy.update(cache.byte_record_at(preset, name, commit, cache.REPO_ROOT))
+    inputs_sha256 = {k: v for k, v in legacy.items() if not k.startswith("runs/")}
+    sources = Sources.at_commit(cache.REPO_ROOT, commit)
+    for sweep_file in sorted((cache.REPO_ROOT / "sweeps").glob("*.json")):
+        specs = sweep.plan(preset, sweep.load_runs(sweep_file, preset), starts=sweep.load_starts(sweep_file),
+                           settings=sweep.load_settings(sweep_file), root=sweep.sweep_root(sweep_file, preset))
+        moved = sweep.restamp(specs, inputs_sha256, sources, commit)
+        print(f"{sweep_file.name}: {len(moved)} of {len(specs)} runs restamped")
+    if refused:
+        print(f"refused: {len(refused)} step(s); they stay as they were", file=sys.stderr)
+    return 1 if refused else 0
 
 
 def cmd_smoke(args: argparse.Namespace) -> int:
@@ -585,9 +631,14 @@ def _add_training_commands(sub) -> None:
     p.set_defaults(func=cmd_all)
 
     p = sub.add_parser("cache", help="check (or record) whether the cached run is fresh against what made it")
-    p.add_argument("action", choices=["check", "record"], help="check: verdict per step; record: store inputs")
+    p.add_argument("action", choices=["check", "record", "restamp"],
+                   help="check: verdict per step (the definitions or files that changed); record: store the inputs "
+                        "of steps just built; restamp: give steps recorded by file bytes the fingerprint of the "
+                        "code those bytes prove, and the sweeps' runs their names under it (no rebuild)")
     p.add_argument("--preset", default="tiny", choices=["tiny", "qwen"], help="model preset (default: %(default)s)")
-    p.add_argument("--steps", default="", help="record: comma-separated step names")
+    p.add_argument("--steps", default="", help="comma-separated step names (default: every step; record: required)")
+    p.add_argument("--commit", default="HEAD",
+                   help="restamp: the commit whose files the byte record must match (default: %(default)s)")
     p.set_defaults(func=cmd_cache)
 
     p = sub.add_parser("smoke", help="the qwen path end to end at full size on random weights (no download): "

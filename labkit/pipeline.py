@@ -34,6 +34,7 @@ import sys
 import time
 from pathlib import Path
 
+from . import steps
 from .lab import cache
 from .lab.runs import REPO_ROOT, is_finished, read_json, write_json
 from .studies import larger_run, overoptimisation, reasoning, thinking_base
@@ -108,11 +109,11 @@ def move_stale_aside(preset: str, only: tuple[str, ...] | None = None) -> list[t
     only: the steps the run will rebuild; a stale step outside them is left in place (and said),
     since nothing would rebuild it."""
     root = cache.runs_dir(preset)
-    verdicts = cache.check(preset)
+    verdicts = cache.check(steps.STEPS, preset)
     stamp = time.strftime('%Y%m%d-%H%M%S')
     moved = []
-    for name in cache.to_rebuild(verdicts):
-        step = cache.get_step(name)
+    for name in cache.to_rebuild(steps.STEPS, verdicts):
+        step = steps.get_step(name)
         why = ", ".join(verdicts[name]["changed"][:4]) or "built from a stale step"
         if only and name not in only:
             print(f"{name} is stale ({why}); left in place: not in --only", flush=True)
@@ -163,5 +164,5 @@ def run_all(preset: str, *, device: str | None = None, threads: int | None = Non
             times[step] = seconds
             write_json(times_path, times)
         if step in CACHE_STEP:
-            cache.record(CACHE_STEP[step], preset)
+            cache.record(steps.get_step(CACHE_STEP[step]), preset)
     return report

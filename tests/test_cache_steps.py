@@ -1,18 +1,15 @@
 """Which cached steps `make cache` rebuilds: the stale ones and everything built from them."""
 
-import sys
-from pathlib import Path
-
 import pytest
 
+from labkit import steps
 from labkit.lab import cache
-
-sys.path.insert(0, str(Path(__file__).parent))
-import test_layers  # noqa: E402  (the import reader)
+from labkit.lab.fingerprint import Sources
+from labkit.lab.runs import REPO_ROOT
 
 
 def _verdicts(stale: set[str]) -> dict:
-    return {name: {"status": "stale" if name in stale else "fresh", "changed": []} for name in cache.STEP_NAMES}
+    return {name: {"status": "stale" if name in stale else "fresh", "changed": []} for name in steps.STEP_NAMES}
 
 
 @pytest.mark.parametrize("stale, expected", [
@@ -34,56 +31,58 @@ def _verdicts(stale: set[str]) -> dict:
     (set(), []),
 ])
 def test_a_rebuilt_step_takes_everything_downstream_with_it(stale, expected):
-    assert cache.to_rebuild(_verdicts(stale)) == expected
+    assert cache.to_rebuild(steps.STEPS, _verdicts(stale)) == expected
 
 
 def test_the_warm_start_and_the_exercise_name_their_other_outputs():
-    assert "sampler_agreement.json" in cache.get_step("warm_start").outputs
-    assert set(cache.get_step("group_size").outputs) == {"grpo_g2", "grpo_g8"}
+    assert "sampler_agreement.json" in steps.get_step("warm_start").outputs
+    assert set(steps.get_step("group_size").outputs) == {"grpo_g2", "grpo_g8"}
 
 
 def test_an_unknown_step_is_refused_by_name():
     with pytest.raises(ValueError, match="unknown step 'grpo_g4'"):
-        cache.get_step("grpo_g4")
+        steps.get_step("grpo_g4")
 
 
-def _labkit_imports(module: str, seen: set) -> set:
-    """Every labkit module `module` imports, directly or through other labkit modules, anywhere in its
-    source (tests/test_layers.py reads the imports); packages' docstring-only __init__ files aside."""
-    if module in seen:
-        return seen
-    seen.add(module)
-    for name in test_layers.imports_of(module):
-        if test_layers.MODULES[name].name != "__init__.py":
-            _labkit_imports(name, seen)
-    return seen
+@pytest.mark.parametrize("step", steps.STEPS, ids=steps.STEP_NAMES)
+def test_every_step_reaches_its_code_from_entry_points_that_exist(step):
+    """Each entry point names a definition of the package, and what it reaches is fingerprinted."""
+    table = cache.code_fingerprint(step, SOURCES)
+    assert all(entry in SOURCES.reach([entry]) for entry in step.entries)
+    assert len(table) > 50, f"{step.name} reaches only {len(table)} definitions"
 
 
-def _path(module: str) -> str:
-    from labkit.lab.runs import REPO_ROOT
+def test_the_base_leaves_out_only_modules_it_reaches_and_says_why():
+    """The base's stated exceptions (steps.BASE_UNRECORDED_WHY) are modules pretraining really reaches:
+    none is listed for nothing, and every other module it reaches is in its fingerprint."""
+    reached = {key.partition(":")[0] for key in SOURCES.reach(list(steps.get_step("base").entries))}
+    assert set(steps.BASE_UNRECORDED) <= reached
+    assert steps.BASE_UNRECORDED_WHY
+    assert all(not s.unrecorded for s in steps.STEPS if s.name != "base")
 
-    return str(test_layers.MODULES[module].relative_to(REPO_ROOT))
+
+def test_no_module_below_the_commands_names_a_higher_layers_file():
+    """The step graph lives in labkit/steps.py: no code of lab/ names a module above it, by dotted name or
+    by path, in an import or a string (its docstrings may say who uses it)."""
+    import ast
+    import re
+
+    from labkit.lab.fingerprint import strip_docstrings
+
+    higher = re.compile(r"labkit[./](grpo|eval|studies|train|models|task|book|config|cli|pipeline|steps)\b"
+                        r"|^\.\.(grpo|eval|studies|train|models|task|book|config|cli|pipeline|steps)\b")
+    for path in sorted((REPO_ROOT / "labkit" / "lab").glob("*.py")):
+        tree = strip_docstrings(ast.parse(path.read_text()))
+        named = [node.value for node in ast.walk(tree) if isinstance(node, ast.Constant) and isinstance(node.value, str)]
+        named += ["." * node.level + (node.module or "") for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)]
+        assert not [n for n in named if higher.search(n)], f"{path.name} names {[n for n in named if higher.search(n)]}"
 
 
-@pytest.mark.parametrize("step", cache.STEPS, ids=cache.STEP_NAMES)
-def test_every_module_a_step_imports_is_one_of_its_inputs(step):
-    """A change to any code that made a step makes the step stale (the base's stated exceptions aside)."""
-    seen = set()
-    by_path = {_path(m): m for m in test_layers.MODULES}
-    for name in step.code:
-        if name in by_path:
-            _labkit_imports(by_path[name], seen)
-    missing = sorted(_path(m) for m in seen)
-    missing = [m for m in missing if m not in step.code]
-    if step.name == "base":
-        assert missing == sorted(cache.BASE_UNRECORDED), missing
-        assert cache.BASE_UNRECORDED_WHY
-    else:
-        assert missing == [], f"{step.name} imports {missing} without recording them"
+SOURCES = Sources.in_folder(REPO_ROOT)
 
 
 def test_the_committed_base_has_the_architecture_models_builds_today():
-    """What the base's unrecorded imports give pretraining: the model's config (cache.BASE_UNRECORDED_WHY).
+    """What the base's unrecorded imports give pretraining: the model's config (steps.BASE_UNRECORDED_WHY).
 
     The initial weights are not compared: their digest depends on the CPU's kernels (torch's normal_
     draws differently under ATEN_CPU_CAPABILITY=default), and the base was made on one machine."""
@@ -98,7 +97,7 @@ def test_the_committed_base_has_the_architecture_models_builds_today():
 
 
 def test_the_committed_base_was_pretrained_with_todays_settings():
-    """What config.py gives pretraining besides the architecture: both phases' settings (cache.BASE_UNRECORDED_WHY).
+    """What config.py gives pretraining besides the architecture: both phases' settings (steps.BASE_UNRECORDED_WHY).
     A change to a default of PretrainConfig or AnswerPhaseConfig fails here until the base is re-pretrained."""
     import json
     from dataclasses import asdict

@@ -12,6 +12,7 @@ import subprocess
 
 import pytest
 
+from labkit import steps
 from labkit.lab import cache
 from labkit.eval import evaluate
 from labkit.grpo.loop import read_rollouts
@@ -22,7 +23,7 @@ RUN = REPO_ROOT / "runs" / "tiny"
 
 
 def test_every_cached_step_is_fresh_against_the_code_data_and_config_that_made_it():
-    verdicts = cache.check("tiny")
+    verdicts = cache.check(steps.STEPS, "tiny")
     assert verdicts, "no cache steps"
     stale = {name: v for name, v in verdicts.items() if v["status"] != "fresh"}
     assert not stale, "stale cache; rebuild with `make cache`:\n" + cache.format_check(stale)

@@ -3,16 +3,16 @@
 from __future__ import annotations
 
 from labkit.lab import cache
-from labkit import pipeline
+from labkit import pipeline, steps
 
 
 def fake_cache(monkeypatch, tmp_path, stale: set[str]):
-    for step in cache.STEPS:
+    for step in steps.STEPS:
         (tmp_path / step.folder).mkdir(parents=True, exist_ok=True)
     verdicts = {s.name: {"status": "stale" if s.name in stale else "fresh", "changed": ["labkit/x.py"] if s.name in stale else []}
-                for s in cache.STEPS}
+                for s in steps.STEPS}
     monkeypatch.setattr(cache, "runs_dir", lambda preset: tmp_path)
-    monkeypatch.setattr(cache, "check", lambda preset: verdicts)
+    monkeypatch.setattr(cache, "check", lambda steps, preset: verdicts)
 
 
 def test_a_stale_step_and_everything_built_from_it_are_moved_aside(monkeypatch, tmp_path, capsys):

@@ -292,10 +292,6 @@ def train(name: str, preset: str = "tiny", cfg: ReasoningConfig | None = None, *
     return manifest
 
 
-def read_json_gz(path: Path):
-    return json.loads(gzip.decompress(Path(path).read_bytes()))
-
-
 def _worker(job: tuple[str, str, int]) -> tuple[str, float]:
     """One run in a worker process of `threads` torch threads (spawned: nothing shared with the parent)."""
     name, preset, threads = job

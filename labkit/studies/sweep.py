@@ -14,8 +14,9 @@ use all three.  For each run:
 
 1. its folder is runs/<preset>/sweep/<name>-<fingerprint>, the fingerprint a digest of everything
    that makes its numbers: the preset's config, the variant, G, the iterations, the sampler, the
-   start file's digest, the learned verifier's digest (reward "learned"), and the digests of the
-   data and of the code (labkit.lab.cache's GRPO inputs);
+   start file's digest, the learned verifier's digest (reward "learned"), the data's digests and
+   the fingerprint of what a run's code does (`code_digest`: what `run_one` reaches, without
+   docstrings, comments or layout; runs named before it are found through RESTAMPED);
 2. a finished folder is read, never rerun: asking again for a finished configuration costs nothing;
 3. a missing one is trained (`grpo.run_grpo` with the variant) and evaluated exactly as the
    protocol's policies are (`evaluate.run_inference`: greedy and 4 draws on the 200 test problems,
@@ -222,22 +223,47 @@ def start_model(preset: str, start: str) -> Path:
     return folder / "model.safetensors"
 
 
-def fingerprint(spec: dict) -> str:
-    """12 hex digits naming a run by everything that makes its numbers."""
-    from ..lab import cache
+def fingerprint(spec: dict, code: str | None = None) -> str:
+    """12 hex digits naming a run by everything that makes its numbers.
+
+    code: the digest of what the run's code does (`code_digest`; default: the working tree's)."""
     from ..config import get_preset
 
     config = get_preset(spec["preset"]).with_overrides(**spec.get("config_overrides", {}))
-    inputs = (*cache.get_step("grpo").code, *cache.get_step("evaluation").code)  # training and evaluation
-    code = {name: sha256_file(REPO_ROOT / name) for name in sorted(set(inputs)) if (REPO_ROOT / name).is_file()}
     identity = {"config": config.to_dict(), "variant": spec["options"], "G": spec["G"],
                 "iterations": spec["iterations"], "sampler": spec["sampler"],
-                "start_sha256": sha256_file(spec["start_file"]), "inputs_sha256": code,
+                "start_sha256": sha256_file(spec["start_file"]), "code": code or code_digest(),
+                "data_sha256": data_digests(),
                 # only where a file asks for it, so that chapter 9's runs keep the fingerprints they had
                 **({"shared_prompts": True} if spec.get("shared_prompts") else {}),
                 # the proxy a learned-reward run optimises makes its numbers too
                 **({"reward_model_sha256": spec["reward_model_sha256"]} if "reward_model_sha256" in spec else {})}
     return hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()[:12]
+
+
+RUN_ENTRY = "labkit.studies.sweep:run_one"  # what a sweep's run executes: training and evaluation
+
+
+def code_digest(sources=None) -> str:
+    """SHA-256 of the fingerprint of what `run_one` reaches (`labkit.lab.fingerprint`): docstrings,
+    comments, layout and functions no run reaches leave it alone.  sources: default the working tree's."""
+    from ..lab.fingerprint import Sources, digest_of
+
+    if sources is None:
+        if _CODE_DIGEST:
+            return _CODE_DIGEST[0]
+        _CODE_DIGEST.append(digest_of(Sources.in_folder(REPO_ROOT).fingerprint([RUN_ENTRY])))
+        return _CODE_DIGEST[0]
+    return digest_of(sources.fingerprint([RUN_ENTRY]))
+
+
+_CODE_DIGEST: list[str] = []  # one process reads the package once
+
+
+def data_digests() -> dict[str, str]:
+    from ..task.data import DATA_DIR
+
+    return {f"data/stock_arithmetic_v1/{p.name}": sha256_file(p) for p in sorted(DATA_DIR.glob("*.jsonl"))}
 
 
 def learned_verifier(variant: Variant, preset: str):
@@ -315,9 +341,62 @@ def plan(preset: str, runs: list[tuple[str, Variant]], *, root: str | Path | Non
             spec["shared_prompts"] = True
         if needs_learned_verifier(variant):
             spec["reward_model_sha256"] = sha256_file(reward_model.model_file(preset))
-        spec["folder"] = str(root / f"{name}-{fingerprint(spec)}")
+        named = f"{name}-{fingerprint(spec)}"
+        spec["folder"] = str(_restamped(root).get(named, root / named))
         specs.append(spec)
     return specs
+
+
+# -- Runs named by the byte digests of their code, adopted without a rebuild ----------------------------
+# Until 2026-12-06 a run's fingerprint held the SHA-256 of every source file the GRPO and evaluation steps
+# imported, so a comment renamed every run.  `restamp` proves, for each finished run, that its folder's name
+# is that old fingerprint of exactly the code of a commit, and records its name under today's fingerprint
+# of that same commit's code in RESTAMPED (beside the runs): `plan` then finds the run under its old name.
+RESTAMPED = "restamped.json"
+
+
+def _restamped(root: Path) -> dict[str, Path]:
+    path = Path(root) / RESTAMPED
+    if not path.exists():
+        return {}
+    return {new: Path(root) / entry["folder"] for new, entry in read_json(path).items()
+            if (Path(root) / entry["folder"]).is_dir()}
+
+
+def legacy_fingerprint(spec: dict, inputs_sha256: dict[str, str]) -> str:
+    """The fingerprint a run had when its code was named by file bytes ({path: SHA-256} of the GRPO and
+    evaluation steps' recorded files, data included)."""
+    from ..config import get_preset
+
+    config = get_preset(spec["preset"]).with_overrides(**spec.get("config_overrides", {}))
+    identity = {"config": config.to_dict(), "variant": spec["options"], "G": spec["G"],
+                "iterations": spec["iterations"], "sampler": spec["sampler"],
+                "start_sha256": sha256_file(spec["start_file"]), "inputs_sha256": inputs_sha256,
+                **({"shared_prompts": True} if spec.get("shared_prompts") else {}),
+                **({"reward_model_sha256": spec["reward_model_sha256"]} if "reward_model_sha256" in spec else {})}
+    return hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()[:12]
+
+
+def restamp(specs: list[dict], inputs_sha256: dict[str, str], sources, commit: str) -> list[tuple[str, str]]:
+    """Record each finished run of `specs` whose folder is named by the old fingerprint of the code of
+    `commit` (inputs_sha256: that commit's files, checked by the caller) under the new fingerprint of the
+    same commit's code (`sources`); returns [(old folder, new name)].  A run under no such name is left
+    alone (it is missing, or stale, as before)."""
+    out = []
+    code = code_digest(sources)
+    by_root: dict[Path, dict] = {}
+    for spec in specs:
+        root = Path(spec["folder"]).parent
+        old = root / f"{spec['name']}-{legacy_fingerprint(spec, inputs_sha256)}"
+        if not RunFolder(old).is_finished():
+            continue
+        table = by_root.setdefault(root, read_json(root / RESTAMPED) if (root / RESTAMPED).exists() else {})
+        new = f"{spec['name']}-{fingerprint(spec, code)}"
+        table[new] = {"folder": old.name, "restamped_from": commit}
+        out.append((old.name, new))
+    for root, table in by_root.items():
+        write_json(root / RESTAMPED, dict(sorted(table.items())))
+    return out
 
 
 def run_sweep(specs: list[dict], *, workers: int = 2, scheduler: str | None = None, progress: bool = True) -> list[dict]:

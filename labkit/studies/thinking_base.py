@@ -8,7 +8,8 @@ write it correctly when they do": a first continued pretraining in which half of
 hold a worked answer teaches the skill, and a second in which working is rare (0%, 2%, 10% of the
 worked-prompt documents) makes the behaviour rare while the skill stays.  A control never learns
 the skill.  The committed tiny base cannot serve as is: it answers directly every time, and a short
-fine-tune on worked answers teaches it the layout but not the arithmetic (DESIGN.md).
+fine-tune on worked answers teaches it the layout but not the arithmetic (book/instructor.md,
+"Chapter 11's bases").
 
 The documents (every problem fresh: none of the protocol's 1,400 under the permutation key, none
 of the held-out chains that measure the bases and train GRPO):
@@ -253,19 +254,6 @@ def build_base(name: str, preset: str = "tiny", cfg: ThinkingBaseConfig | None =
     write_json(folder / "manifest.json", manifest)
     folder.mark_finished({"think_rate": summary["think_rate"], "accuracy": summary["accuracy"]})
     return manifest
-
-
-def build_all(preset: str = "tiny", cfg: ThinkingBaseConfig | None = None, *, names: tuple[str, ...] = BASES,
-              overwrite: bool = False, progress: bool = True) -> dict[str, dict]:
-    """Every base in `names` not yet finished (in the phases' order: a base's start is built first)."""
-    out = {}
-    for name in names:
-        folder = default_run_dir(preset, name)
-        if (folder / "FINISHED").is_file() and not overwrite:
-            out[name] = read_json(folder / "manifest.json")
-            continue
-        out[name] = build_base(name, preset, cfg, overwrite=overwrite, progress=progress)
-    return out
 
 
 def read_profile(name: str, preset: str = "tiny") -> dict:
