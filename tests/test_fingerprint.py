@@ -122,6 +122,25 @@ def test_prose_and_unused_code_leave_the_fingerprint_and_a_statement_changes_exa
     assert changed(before, _write(tmp_path / "d", outside).fingerprint(["labkit.run:main"])) == ["labkit.maths:Box"]
 
 
+def test_a_module_imported_under_another_name_changes_no_digest(tmp_path):
+    """`from . import maths as arithmetic` reads the same definitions as `from . import maths`: the digest
+    writes each name as what it stands for, and a late import as the names it binds."""
+    before = _write(tmp_path / "a", PACKAGE).fingerprint(["labkit.run:main"])
+    aliased = dict(PACKAGE)
+    aliased["labkit/run.py"] = (PACKAGE["labkit/run.py"]
+                                .replace("from . import maths\n", "from . import maths as arithmetic\n")
+                                .replace("maths.double", "arithmetic.double")
+                                .replace("from .maths import Box as Crate", "from .maths import Box")
+                                .replace("Crate(x)", "Box(x)")
+                                .replace("from .late import helper\n", "from . import late\n")
+                                .replace("helper(Box", "late.helper(Box"))
+    assert _write(tmp_path / "b", aliased).fingerprint(["labkit.run:main"]) == before
+    local = dict(PACKAGE)  # a local variable that shadows a module-level name is the function's own
+    local["labkit/run.py"] = PACKAGE["labkit/run.py"].replace("def other():\n            return 0",
+                                                              "def other():\n            maths = 0\n            return maths")
+    assert "labkit.maths:unused" not in _write(tmp_path / "c", local).reach(["labkit.run:other"])
+
+
 def test_an_unknown_entry_point_is_refused_by_name(tmp_path):
     with pytest.raises(ValueError, match="'labkit.run:mian'"):
         _write(tmp_path, PACKAGE).reach(["labkit.run:mian"])

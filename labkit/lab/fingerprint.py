@@ -193,16 +193,11 @@ class Sources:
         """What symbol `module:name` uses: (labkit symbols it reaches, outside names it resolves to)."""
         mod = self.modules[module]
         nodes = self.nodes_of(module, name)
-        local = dict(mod.bindings)
-        for node in nodes:  # late imports inside the definition (a function's `from ..lab import cache`)
-            for inner in ast.walk(node):
-                if isinstance(inner, (ast.Import, ast.ImportFrom)) and not (
-                        isinstance(inner, ast.ImportFrom) and inner.module == "__future__"):
-                    local.update(self._bindings(mod, inner))
+        local = self._local_bindings(mod, nodes)
         reached: list[tuple[str, str]] = []
         outside: set[str] = set()
         for node in nodes:
-            for inner, is_attribute in _global_uses(node):
+            for inner, is_attribute, _ in _global_uses(node):
                 if is_attribute:  # `root.a.b` whose root is not a local name
                     root, attrs = inner
                     binding = local.get(root) if root not in mod.symbols else None
@@ -220,6 +215,64 @@ class Sources:
                     else:
                         reached += self._binding_targets(binding)
         return reached, sorted(outside)
+
+    def _local_bindings(self, mod: Module, nodes: list[ast.AST]) -> dict[str, tuple]:
+        """The module's import bindings, and those of the late imports inside `nodes` (a function's
+        `from ..lab import cache`)."""
+        local = dict(mod.bindings)
+        for node in nodes:
+            for inner in ast.walk(node):
+                if isinstance(inner, (ast.Import, ast.ImportFrom)) and not (
+                        isinstance(inner, ast.ImportFrom) and inner.module == "__future__"):
+                    local.update(self._bindings(mod, inner))
+        return local
+
+    def canonical(self, module: str, name: str) -> list[str]:
+        """`ast.dump` of the definition of `module:name` as the digest sees it: docstrings removed, every
+        name that leaves the definition written as what it stands for ("labkit.grpo.loop" for a module
+        imported as `grpo`, "labkit.grpo.losses:kl_exact" for `kl_exact`, "outside:torch.nn" for `nn`),
+        and the package's own imports dropped (the names say where they lead).  So importing a module
+        under another name, or a symbol from where it is re-exported, changes no digest."""
+        mod = self.modules[module]
+        copies = [strip_docstrings(_copy(node)) for node in self.nodes_of(module, name)]
+        local = self._local_bindings(mod, copies)
+        replace: dict[int, str] = {}  # id of a node -> the name that stands for it
+        for node in copies:
+            for inner, is_attribute, where in _global_uses(node):
+                root, name_node = (inner[0], where[0]) if is_attribute else (inner, where)
+                if root in mod.symbols:
+                    replace[id(name_node)] = f"{module}:{root}"
+                    continue
+                binding = local.get(root)
+                if binding is None:
+                    continue  # a builtin
+                if binding[0] == "module" and is_attribute:  # `losses.kl_exact`: the chain becomes its symbol
+                    target, used = self._chain_target(binding[1], inner[1])
+                    replace[id(where[1][used - 1] if used else name_node)] = target
+                elif binding[0] == "module":
+                    replace[id(name_node)] = binding[1]
+                elif binding[0] == "symbol":
+                    targets = self.resolve_symbol(binding[1], binding[2])
+                    replace[id(name_node)] = (f"{targets[0][0]}:{targets[0][1]}" if len(targets) == 1
+                                              else f"{binding[1]}:{binding[2]}")
+                else:
+                    replace[id(name_node)] = f"outside:{binding[1]}"
+        named = [_Rename(replace).visit(node) for node in copies]
+        return [ast.dump(_drop_package_imports(node), include_attributes=False) for node in named]
+
+    def _chain_target(self, module: str, attrs: list[str]) -> tuple[str, int]:
+        """(what `module.a.b...` stands for, how many attributes that took): a symbol "m:n", or a module."""
+        for i, attr in enumerate(attrs):
+            binding = self.modules[module].bindings.get(attr)
+            if f"{module}.{attr}" in self.modules and attr not in self.modules[module].symbols:
+                module = f"{module}.{attr}"
+            elif binding is not None and binding[0] == "module" and attr not in self.modules[module].symbols:
+                module = binding[1]
+            else:
+                targets = self.resolve_symbol(module, attr)
+                one = len(targets) == 1 and targets[0][1] != IMPORT_TIME
+                return (f"{targets[0][0]}:{targets[0][1]}" if one else f"{module}:{attr}"), i + 1
+        return module, len(attrs)
 
     def _through_module(self, module: str, attrs: list[str]) -> list[tuple[str, str]]:
         """`module.a.b...`: the symbol the chain lands on, through submodules and re-exported modules."""
@@ -258,9 +311,7 @@ class Sources:
         out = {}
         for key, outside in self.reach(entries).items():
             module, _, name = key.partition(":")
-            dumped = [ast.dump(strip_docstrings(_copy(node)), include_attributes=False)
-                      for node in self.nodes_of(module, name)]
-            text = json.dumps({"code": dumped, "outside": outside})
+            text = json.dumps({"code": self.canonical(module, name), "outside": outside})
             out[key] = hashlib.sha256(text.encode("utf-8")).hexdigest()[:DIGEST_CHARS]
         return out
 
@@ -299,7 +350,8 @@ def _module_name(rel: str) -> tuple[str, bool]:
 def _global_uses(node: ast.AST):
     """The names `node` reads from its module's scope, as Python scopes them: a name a function assigns
     (an argument, an assignment, a loop target, a nested def) is that function's own and is skipped.
-    Yields (name, False), or ((root, [attr, ...]), True) for an attribute chain `root.attr...`."""
+    Yields (name, False, Name node), or ((root, [attr, ...]), True, (root's Name node, [the chain's
+    Attribute nodes, root outwards])) for an attribute chain `root.attr...`."""
     out: list = []
     _visit(node, [], out)
     return out
@@ -336,20 +388,20 @@ def _visit(node: ast.AST, scopes: list[set[str]], out: list) -> None:
             _visit(child, scopes + [own], out)
         return
     if isinstance(node, ast.Attribute):
-        attrs = []
+        chain = []
         root = node
         while isinstance(root, ast.Attribute):
-            attrs.append(root.attr)
+            chain.append(root)
             root = root.value
         if isinstance(root, ast.Name):
             if not any(root.id in scope for scope in scopes):
-                out.append(((root.id, attrs[::-1]), True))
+                out.append(((root.id, [a.attr for a in chain[::-1]]), True, (root, chain[::-1])))
             return
         _visit(root, scopes, out)
         return
     if isinstance(node, ast.Name):
         if not any(node.id in scope for scope in scopes):
-            out.append((node.id, False))
+            out.append((node.id, False, node))
         return
     for child in ast.iter_child_nodes(node):
         _visit(child, scopes, out)
@@ -375,6 +427,38 @@ def _assigned(body: list[ast.stmt]) -> set[str]:
             names.add(node.name)
         todo.extend(ast.iter_child_nodes(node))
     return names - declared_global
+
+
+class _Rename(ast.NodeTransformer):
+    """Replace the nodes named by id with a Name of what they stand for."""
+
+    def __init__(self, replace: dict[int, str]):
+        self.replace = replace
+
+    def visit(self, node):
+        if id(node) in self.replace:
+            return ast.Name(id=self.replace[id(node)], ctx=getattr(node, "ctx", ast.Load()))
+        return super().visit(node)
+
+
+def _drop_package_imports(node: ast.AST) -> ast.AST:
+    """`node` without the imports of the package's own modules (relative, or of labkit), in place."""
+    for inner in ast.walk(node):
+        for field_name in ("body", "orelse", "finalbody"):
+            body = getattr(inner, field_name, None)
+            if isinstance(body, list) and body and isinstance(body[0], ast.AST):
+                kept = [stmt for stmt in body if not _is_package_import(stmt)]
+                if len(kept) != len(body):
+                    setattr(inner, field_name, kept or ([ast.Pass()] if field_name == "body" else []))
+    return node
+
+
+def _is_package_import(stmt: ast.AST) -> bool:
+    if isinstance(stmt, ast.ImportFrom):
+        return bool(stmt.level) or (stmt.module or "").split(".")[0] == PACKAGE
+    if isinstance(stmt, ast.Import):
+        return all(alias.name.split(".")[0] == PACKAGE for alias in stmt.names)
+    return False
 
 
 def _copy(node: ast.AST) -> ast.AST:
