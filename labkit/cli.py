@@ -163,7 +163,7 @@ def cmd_grpo(args: argparse.Namespace) -> int:
     """The GRPO run of a preset (labkit.grpo.loop): 100 iterations of 4 prompts x G responses."""
     import torch
 
-    from .grpo import loop as grpo
+    from .grpo import loop
     from .config import get_preset
 
     if args.threads is not None:
@@ -177,7 +177,7 @@ def cmd_grpo(args: argparse.Namespace) -> int:
         if value < (0 if name == "checkpoint_every" else 1):
             raise ValueError(f"--{name.replace('_', '-')} {value}: must be at least "
                              f"{0 if name == 'checkpoint_every' else 1}")
-    out = grpo.run_grpo(
+    out = loop.run_grpo(
         config.with_overrides(**curves) if curves else config, args.run_dir, G=args.G, iterations=args.iterations,
         stop_after=args.stop_after, save_states_at=stop_at, resume_from=args.resume_from, sampler=args.sampler,
         resume=args.resume, restart=args.restart,
@@ -192,9 +192,9 @@ def cmd_grpo(args: argparse.Namespace) -> int:
 
 def cmd_grpo_resume_check(args: argparse.Namespace) -> int:
     """Continuous GRPO run vs stop + resume in fresh processes; writes resume_report.json."""
-    from .grpo import loop as grpo
+    from .grpo import loop
 
-    report = grpo.resume_check(args.preset, G=args.G, stop_at=args.stop_at,
+    report = loop.resume_check(args.preset, G=args.G, stop_at=args.stop_at,
                                sampler=args.sampler, device=args.device, overwrite=args.overwrite)
     end = report["end_state"]
     extra = report["cost"]["extra_for_the_check"]["total_seconds"]
@@ -333,7 +333,7 @@ def restamp_cache(preset: str, chosen: tuple, commit: str) -> int:
     for sweep_file in sorted((cache.REPO_ROOT / "sweeps").glob("*.json")):
         specs = sweep.plan(preset, sweep.load_runs(sweep_file, preset), starts=sweep.load_starts(sweep_file),
                            settings=sweep.load_settings(sweep_file), root=sweep.sweep_root(sweep_file, preset))
-        moved = sweep.restamp(specs, inputs_sha256, sources, commit)
+        moved = sweep.restamp_runs(specs, inputs_sha256, sources, commit)
         print(f"{sweep_file.name}: {len(moved)} of {len(specs)} runs restamped")
     if refused:
         print(f"refused: {len(refused)} step(s); they stay as they were", file=sys.stderr)

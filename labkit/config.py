@@ -13,7 +13,7 @@ import hashlib
 import json
 from dataclasses import asdict, dataclass, fields, replace
 
-from .task import problems as task
+from .task import problems
 
 
 @dataclass(frozen=True)
@@ -63,11 +63,11 @@ class PresetConfig:
     max_total_tokens: int = 320
     """prompt + response, the longest row any batch holds"""
     # -- warm start and SFT ------------------------------------------------------
-    warm_start_examples: int = task.WARM_START_SIZE
+    warm_start_examples: int = problems.WARM_START_SIZE
     """the warm start's examples: all 128 of the task's warm-start set (a shortened run takes its first ones)"""
     warm_start_epochs: int = 3
     """128 / 8 x 3 = 48 updates"""
-    sft_examples: int = task.SPLIT_SIZES["train"] - task.WARM_START_SIZE
+    sft_examples: int = problems.SPLIT_SIZES["train"] - problems.WARM_START_SIZE
     """the other 872 train problems, the task's pool (the additional SFT, the supervised reference)"""
     sft_epochs: int = 2
     """ceil(872 / 8) x 2 = 218 updates"""

@@ -111,7 +111,7 @@ from .lab.runs import REPO_ROOT, RunFolder, display_path, write_json
 from .lab.skeleton import holding
 from .lab.runtime import deterministic, seed_everything
 from .config import get_preset
-from .models import presets as models, sampling, scoring  # noqa: F401  (scoring: imported now, see above)
+from .models import presets, sampling, scoring  # noqa: F401  (scoring: imported now, see above)
 from .models.tokenizer import ASSET_DIR
 from .train import sft
 from .grpo import core, losses, variants
@@ -280,7 +280,7 @@ def smoke_model_config(layers: int = 24, head_dim: int = QWEN_HEAD_DIM):
             or head_dim % 2:
         raise ValueError(f"--head-dim {head_dim!r}: must be an even number in 2..{QWEN_HEAD_DIM} "
                          f"(rotary embeddings pair a head's dimensions; {QWEN_HEAD_DIM} is Qwen2.5-0.5B-Instruct)")
-    config = models.qwen_config()
+    config = presets.qwen_config()
     config.num_hidden_layers = layers
     if hasattr(config, "layer_types") and config.layer_types is not None:  # transformers 5 keeps one per layer
         config.layer_types = config.layer_types[:1] * layers
@@ -329,8 +329,8 @@ SMOKE_FIELDS = ("hidden_size", "intermediate_size", "num_hidden_layers")  # what
 def expected_refusal(config) -> list[str]:
     """What `models.check_qwen` must say of a model with `config` (none for the real 24 layers at full
     width): each changed field, in the loader's order, then the parameter count."""
-    changed = [f"config.{key} is {getattr(config, key)!r}, expected {models.QWEN_ARCH[key]!r}"
-               for key in models.QWEN_ARCH if key in SMOKE_FIELDS and getattr(config, key) != models.QWEN_ARCH[key]]
+    changed = [f"config.{key} is {getattr(config, key)!r}, expected {presets.QWEN_ARCH[key]!r}"
+               for key in presets.QWEN_ARCH if key in SMOKE_FIELDS and getattr(config, key) != presets.QWEN_ARCH[key]]
     return changed + ["unique trainable parameters, expected 494,032,768"] if changed else []
 
 
@@ -339,7 +339,7 @@ def check_architecture(model, config) -> str:
     for exactly the reasons `expected_refusal` names."""
     expected = expected_refusal(config)
     try:
-        models.check_qwen(model)
+        presets.check_qwen(model)
     except ValueError as err:
         problems = str(err).split(": ", 1)[1].split("; ")
         if expected and len(problems) == len(expected) and all(e in p for e, p in zip(expected, problems)):
@@ -529,11 +529,11 @@ class Smoke:
         and `models.load_state_into`.  Without `state_file` (a model to restore a state into), the
         weights are the model folder's (24 layers) or uninitialised: not the ones to be restored."""
         if self.full:
-            model, _ = models.load("qwen", state=state_file, path=self.work / "qwen-standin", device=self.device)
+            model, _ = presets.load("qwen", state=state_file, path=self.work / "qwen-standin", device=self.device)
             return model
         model = blank_model(self.model_config, self.device)
         if state_file is not None:
-            models.load_state_into(model, state_file)
+            presets.load_state_into(model, state_file)
         return model
 
 
@@ -554,7 +554,7 @@ def stage_build(s: Smoke, detail: dict) -> None:
     embedding = s.model.get_input_embeddings().weight
     detail.update(
         layers=s.model_config.num_hidden_layers,
-        unique_parameters=models.count_unique_parameters(s.model),
+        unique_parameters=presets.count_unique_parameters(s.model),
         tied=s.model.lm_head.weight is embedding,
         dtype=str(embedding.dtype),
         attn_implementation=s.model.config._attn_implementation,
@@ -575,18 +575,18 @@ def stage_load(s: Smoke, detail: dict) -> None:
     s.model.save_pretrained(folder)
     s.tokenizer.save_pretrained(folder)
     detail["folder_bytes"] = sum(p.stat().st_size for p in folder.iterdir())
-    built = models.parameter_digest(s.model)
+    built = presets.parameter_digest(s.model)
     if s.full:
         # The instructor's load: find_qwen_dir, AutoTokenizer, from_pretrained FP32 eager, check_qwen, TF32 off.
         free("model", smoke=s)
-        s.model, s.tokenizer = models.load("qwen", path=folder, device=s.device)
+        s.model, s.tokenizer = presets.load("qwen", path=folder, device=s.device)
         detail["loader"] = "models.load('qwen', path=...): accepted"
     else:
         # The loader refuses fewer layers (checked in build); its tokenizer load is the same call.
         s.tokenizer = AutoTokenizer.from_pretrained(str(folder), local_files_only=True)
-        detail["loader"] = "AutoTokenizer.from_pretrained (models.check_qwen refuses fewer than 24 layers)"
+        detail["loader"] = "AutoTokenizer.from_pretrained (presets.check_qwen refuses fewer than 24 layers)"
     check_standin_tokenizer(s.tokenizer)
-    loaded = models.parameter_digest(s.model)
+    loaded = presets.parameter_digest(s.model)
     if loaded != built:
         raise RuntimeError(f"the model folder loads with digest {loaded[:16]}..., it was written with {built[:16]}...")
     detail.update(parameter_digest=loaded, tf32_off=not torch.backends.cuda.matmul.allow_tf32,
@@ -603,7 +603,7 @@ def stage_sft_update(s: Smoke, detail: dict) -> None:
                               expected_start=None, start_description=None)
     branch.start_optimizer()
     seed_everything(s.config.seed)
-    before = models.parameter_digest(s.model)
+    before = presets.parameter_digest(s.model)
     with deterministic(s.device):
         sft.run_epoch(branch, 1, sft._progress_bar(plan, 0, 1, enabled=False))  # SFT's own bar, silent
     record = branch.history[-1]
@@ -611,7 +611,7 @@ def stage_sft_update(s: Smoke, detail: dict) -> None:
     chosen = branch.data_order["permutation"][: branch.data_order["cursor"]]
     detail.update(examples=len(chosen), prompt_tokens=[len(branch.examples[i].prompt_ids) for i in chosen],
                   validation_nll=branch.progress["validation"][-1]["nll"],
-                  weights_changed=models.parameter_digest(s.model) != before)
+                  weights_changed=presets.parameter_digest(s.model) != before)
     del branch  # the GRPO run starts a fresh AdamW from the warm-start file
 
 
@@ -619,8 +619,8 @@ def stage_warm_start_file(s: Smoke, detail: dict) -> None:
     """`models.save_model`, then the policy and the reference as two loads of that file, and the rest of
     GRPO's setup (`grpo.start_loop`'s work)."""
     path = s.work / "warm_start.safetensors"
-    saved = models.parameter_digest(s.model)
-    models.save_model(s.model, path)
+    saved = presets.parameter_digest(s.model)
+    presets.save_model(s.model, path)
     detail["file_bytes"] = path.stat().st_size
     free("model", smoke=s)
     s.model = s.load_policy(path)
@@ -628,7 +628,7 @@ def stage_warm_start_file(s: Smoke, detail: dict) -> None:
     s.reference.requires_grad_(False)
     s.model.eval()
     s.reference.eval()
-    policy, reference = models.parameter_digest(s.model), models.parameter_digest(s.reference)
+    policy, reference = presets.parameter_digest(s.model), presets.parameter_digest(s.reference)
     if not policy == reference == saved:
         raise RuntimeError(f"policy {policy[:16]}, reference {reference[:16]} and saved {saved[:16]} differ")
     path.unlink()
@@ -699,7 +699,7 @@ def stage_grpo_updates(s: Smoke, detail: dict) -> None:
     if s.rewards == "synthetic" and bool(zero_std.all()):
         used = torch.tensor(SYNTHETIC_REWARDS[:G]).expand(P, G).clone()  # see the module docstring
         sampled = dataclasses.replace(sampled, optimised=used, advantages=loop.resolved.advantages(used).reshape(-1))
-    before = models.parameter_digest(loop.model)
+    before = presets.parameter_digest(loop.model)
     with deterministic(s.device):
         updates, check = core.update_iteration(loop, sampled)
         loop.optimizer.zero_grad(set_to_none=True)  # the gradients are not part of a state
@@ -716,8 +716,8 @@ def stage_grpo_updates(s: Smoke, detail: dict) -> None:
         logits_shape=[len(rows), max(len(r.response_ids) for r in rows), s.model_config.vocab_size],
         kl_block_size=config.kl_block_size,
         updates=updates,
-        weights_changed=models.parameter_digest(loop.model) != before,
-        reference_unchanged=models.parameter_digest(loop.reference) == loop.reference_digest,
+        weights_changed=presets.parameter_digest(loop.model) != before,
+        reference_unchanged=presets.parameter_digest(loop.reference) == loop.reference_digest,
     )
     if not detail["reference_unchanged"]:
         raise RuntimeError("the reference changed during the updates; it must stay frozen")
@@ -837,7 +837,7 @@ def stage_state_save(s: Smoke, detail: dict) -> None:
     fits, available = memory_fits(need - live)
     detail.update(state_tensor_bytes=size, estimated_need_bytes=need,
                   available_bytes=None if available is None else available + live)
-    s.policy_digest = models.parameter_digest(loop.model)
+    s.policy_digest = presets.parameter_digest(loop.model)
     snapshot = loop.capture(1)
     s.section_digests = section_digests(snapshot)
     free("model", "optimizer", smoke=s)
@@ -866,7 +866,7 @@ def stage_state_reload(s: Smoke, detail: dict) -> None:
     if path.exists() and fits:
         free("snapshot", smoke=s)  # compared through its digests from here on
     model = s.load_policy()  # other weights than the saved ones
-    before_restore = models.parameter_digest(model)
+    before_restore = presets.parameter_digest(model)
     fresh = new_smoke_loop(s, model, None)  # a fresh AdamW, prompt order and generator, as a resumed run has
     if path.exists() and fits:
         iteration, _ = fresh.restore(path)
@@ -892,7 +892,7 @@ def stage_state_reload(s: Smoke, detail: dict) -> None:
         sections_bitwise_equal=sorted(k for k in s.section_digests if k not in different),
         sections_different=different,
         fresh_model_differed_before_restore=before_restore != s.policy_digest,
-        policy_digest_equal=models.parameter_digest(fresh.model) == s.policy_digest,
+        policy_digest_equal=presets.parameter_digest(fresh.model) == s.policy_digest,
         next_update=fresh.next_update,
     )
     if different or not detail["fresh_model_differed_before_restore"] or not detail["policy_digest_equal"]:
@@ -924,12 +924,12 @@ def state_bytes_of_snapshot(snapshot: dict) -> int:
 def stage_evaluate(s: Smoke, detail: dict, mode: str) -> None:
     """Predictions of the first problems of each test population, as `evaluate.run_inference` makes them."""
     statements = evaluate.load_test_statements(s.eval_problems)  # phase "inference": statements only
-    digest = models.parameter_digest(s.model)
+    digest = presets.parameter_digest(s.model)
     with deterministic(s.device, warn_only=True):  # evaluation's setting: it only reads the model
         rows = evaluate.generate_predictions(s.model, s.tokenizer, statements, mode, sampler=evaluate.DEFAULT_SAMPLER,
                                              draws=s.config.eval_draws, max_new_tokens=s.max_new_tokens,
                                              batch_size=s.config.eval_batch_size, policy_digest=digest)
-    if models.parameter_digest(s.model) != digest:
+    if presets.parameter_digest(s.model) != digest:
         raise RuntimeError(f"the policy changed during {mode} generation")
     labels = {r["id"]: r for r in evaluate.load_test_labels(phase=evaluate.SCORING_PHASE, limit=s.eval_problems)}
     scored = evaluate.score_rows(rows, labels)
@@ -1000,7 +1000,7 @@ def run_smoke(preset: str = "qwen", *, random_weights: bool = True, device: str 
                     it checks the save and the reload, not gzip's speed)
     """
 
-    device = device or models.default_device("qwen")
+    device = device or presets.default_device("qwen")
     max_new_tokens = max_new_tokens or (CPU_MAX_NEW_TOKENS if device == "cpu" else get_preset("qwen").max_new_tokens)
     check_arguments(preset, random_weights, device, layers, max_new_tokens, eval_problems, rewards, head_dim)
     folder = RunFolder(run_dir or default_run_dir(device, layers, head_dim))
@@ -1013,7 +1013,7 @@ def _run_stages(folder: RunFolder, preset: str, device: str, layers: int, head_d
                 eval_problems: int, rewards: str, progress: bool, state_compresslevel: int) -> dict:
     """run_smoke's body, inside the held run folder: every stage, the report, then FINISHED."""
     run_dir = folder.path
-    models.disable_tf32()  # FP32 means FP32 (the qwen loader does the same)
+    presets.disable_tf32()  # FP32 means FP32 (the qwen loader does the same)
     s = Smoke(config=get_preset("qwen"), model_config=smoke_model_config(layers, head_dim), device=device,
               run_dir=run_dir, max_new_tokens=max_new_tokens, eval_problems=eval_problems, rewards=rewards,
               progress=progress, state_compresslevel=state_compresslevel)

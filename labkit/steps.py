@@ -10,7 +10,7 @@ modules above it.
 
 from __future__ import annotations
 
-from .lab.cache import Step
+from .lab.cache import CacheStep
 
 DATA_FILES = tuple(
     f"data/stock_arithmetic_v1/{split}.{kind}.jsonl"
@@ -35,46 +35,46 @@ BASE_UNRECORDED_WHY = (
     "input.")
 
 STEPS = (
-    Step("base", "base", ("labkit.train.pretrain:pretrain",), (TOKENIZER,), unrecorded=BASE_UNRECORDED),
+    CacheStep("base", "base", ("labkit.train.pretrain:pretrain",), (TOKENIZER,), unrecorded=BASE_UNRECORDED),
     # the samplers are compared on the warm start (sampler_agreement.json)
-    Step("warm_start", "warm_start",
+    CacheStep("warm_start", "warm_start",
          ("labkit.train.sft:run_branch", "labkit.train.sft:resume_check", "labkit.eval.agreement:run"),
          DATA_FILES, ("base/model.safetensors",), outputs=("sampler_agreement.json",)),
-    Step("sft", "sft", ("labkit.train.sft:run_branch", "labkit.train.sft:resume_check"), DATA_FILES,
+    CacheStep("sft", "sft", ("labkit.train.sft:run_branch", "labkit.train.sft:resume_check"), DATA_FILES,
          ("warm_start/model.safetensors",)),
-    Step("grpo", "grpo", ("labkit.grpo.loop:run_grpo", "labkit.grpo.loop:resume_check"), DATA_FILES,
+    CacheStep("grpo", "grpo", ("labkit.grpo.loop:run_grpo", "labkit.grpo.loop:resume_check"), DATA_FILES,
          ("warm_start/model.safetensors",)),
-    Step("evaluation", "evaluation", ("labkit.eval.evaluate:run_evaluations", "labkit.eval.evaluate:write_results"),
+    CacheStep("evaluation", "evaluation", ("labkit.eval.evaluate:run_evaluations", "labkit.eval.evaluate:write_results"),
          DATA_FILES, ("warm_start/model.safetensors", "sft/model.safetensors", "grpo/model.safetensors"),
          done_file="results.json",  # one FINISHED per policy; results.json is written when all are
          then=("group_size",)),  # the exercise adds its two branches' evaluations here
-    Step("group_size", "group_size", ("labkit.studies.group_size:run_exercise",), DATA_FILES,
+    CacheStep("group_size", "group_size", ("labkit.studies.group_size:run_exercise",), DATA_FILES,
          ("warm_start/model.safetensors",), outputs=("grpo_g2", "grpo_g8")),
-    Step("reward_model", "reward_model", ("labkit.studies.reward_model:run_reward_model",), (),
+    CacheStep("reward_model", "reward_model", ("labkit.studies.reward_model:run_reward_model",), (),
          ("warm_start/model.safetensors", "sft/model.safetensors")),
-    Step("format_base", "format_base", ("labkit.studies.format_base:run_format_base",), (*DATA_FILES, TOKENIZER),
+    CacheStep("format_base", "format_base", ("labkit.studies.format_base:run_format_base",), (*DATA_FILES, TOKENIZER),
          ("base/model.safetensors",)),
     # chapters 6-7's larger run: trained, evaluated, and 64 draws of it and of the warm start for pass@k
-    Step("grpo_large", "grpo_large", ("labkit.studies.larger_run:train", "labkit.studies.larger_run:evaluate_all"),
+    CacheStep("grpo_large", "grpo_large", ("labkit.studies.larger_run:train", "labkit.studies.larger_run:evaluate_all"),
          DATA_FILES, ("warm_start/model.safetensors",), done_file="pass_at_k/grpo_large/FINISHED"),
     # chapter 10's over-optimisation: proxies of several strengths, best-of-n, GRPO against them
-    Step("overoptimisation", "overoptimisation", ("labkit.studies.overoptimisation:run_all",), DATA_FILES,
+    CacheStep("overoptimisation", "overoptimisation", ("labkit.studies.overoptimisation:run_all",), DATA_FILES,
          ("warm_start/model.safetensors", "base/model.safetensors", "reward_model/model.safetensors",
           "reward_model/samples.jsonl.gz"), done_file="manifest.json"),
     # chapters 2-3: the policy-gradient identity and the gradient's noise at the warm start
-    Step("gradient_study", "gradient_study", ("labkit.studies.gradient_study:run_study",), DATA_FILES,
+    CacheStep("gradient_study", "gradient_study", ("labkit.studies.gradient_study:run_study",), DATA_FILES,
          ("warm_start/model.safetensors",)),
     # chapter 11: bases that can work a problem out and rarely do, then GRPO on worked answers from each
-    Step("thinking", "thinking", ("labkit.studies.thinking_base:run_all",), (TOKENIZER,),
+    CacheStep("thinking", "thinking", ("labkit.studies.thinking_base:run_all",), (TOKENIZER,),
          ("base/model.safetensors",), done_file="manifest.json"),
-    Step("reasoning", "reasoning", ("labkit.studies.reasoning:run_all",), (TOKENIZER,),
+    CacheStep("reasoning", "reasoning", ("labkit.studies.reasoning:run_all",), (TOKENIZER,),
          tuple(f"thinking/{name}/manifest.json" for name in ("rare_0", "rare_2", "rare_10", "control")),
          done_file="manifest.json"),
 )
 STEP_NAMES = tuple(s.name for s in STEPS)
 
 
-def get_step(name: str) -> Step:
+def get_step(name: str) -> CacheStep:
     for s in STEPS:
         if s.name == name:
             return s

@@ -102,12 +102,12 @@ def test_protocol_page_states_every_config_value_of_both_presets():
 
 
 def test_protocol_page_states_the_tiny_model_size():
-    from labkit.models import presets as models
+    from labkit.models import presets
     from labkit.models.tokenizer import load_tiny_tokenizer
 
     text = (REPO_ROOT / "book" / "protocol.md").read_text(encoding="utf-8")
-    arch = models.TINY_ARCH
-    count = models.count_unique_parameters(models.new_tiny_model())
+    arch = presets.TINY_ARCH
+    count = presets.count_unique_parameters(presets.new_tiny_model())
     shape = (f"{arch['hidden_size']} / {arch['num_hidden_layers']} / {arch['num_attention_heads']} / "
              f"{arch['num_key_value_heads']} / {arch['intermediate_size']:,}")
     vocab = f"{arch['vocab_size']:,} / {len(load_tiny_tokenizer()):,}"

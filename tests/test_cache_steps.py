@@ -88,11 +88,11 @@ def test_the_committed_base_has_the_architecture_models_builds_today():
     draws differently under ATEN_CPU_CAPABILITY=default), and the base was made on one machine."""
     import json
 
-    from labkit.models import presets as models
+    from labkit.models import presets
     from labkit.lab.runs import REPO_ROOT
     from labkit.models.tokenizer import load_tiny_tokenizer
 
-    built = json.loads(models.tiny_model_config(load_tiny_tokenizer()).to_json_string())
+    built = json.loads(presets.tiny_model_config(load_tiny_tokenizer()).to_json_string())
     assert built == json.loads((REPO_ROOT / "runs" / "tiny" / "base" / "config.json").read_text())
 
 

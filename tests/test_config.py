@@ -8,7 +8,7 @@ import pytest
 
 from labkit.eval import agreement, evaluate
 from labkit import config
-from labkit.models import presets as models, sampling, scoring
+from labkit.models import presets, sampling, scoring
 from labkit.train import sft
 from labkit.config import QWEN, TINY
 
@@ -36,8 +36,8 @@ def test_modules_read_their_limits_and_batch_sizes_from_the_config():
     assert sampling.LOGPROB_TOLERANCE == QWEN.logprob_check_tol
     assert evaluate.DEFAULT_BATCH_SIZE == agreement.DEFAULT_BATCH_SIZE == QWEN.eval_batch_size
     assert sft.VALIDATION_BATCH == QWEN.validation_batch_size
-    assert models.QWEN_REVISION == QWEN.qwen_revision
-    cfg = models.tiny_model_config()
+    assert presets.QWEN_REVISION == QWEN.qwen_revision
+    cfg = presets.tiny_model_config()
     for f in fields(config.Architecture):
         if f.name == "rope_theta":  # transformers 5 keeps it in rope_parameters
             assert cfg.rope_parameters["rope_theta"] == TINY.architecture.rope_theta

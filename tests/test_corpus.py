@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from labkit.train import corpus, pretrain
-from labkit.task import problems as task
+from labkit.task import problems
 from labkit.train.answer_phase import AnswerPhaseConfig
 from labkit.models.presets import TINY_BASE_DIR, load_state_into, new_tiny_model, parameter_digest
 from labkit.lab.runs import RunExistsError, read_json, read_jsonl
@@ -42,9 +42,9 @@ def test_the_committed_base_was_trained_on_a_corpus_without_dataset_problems(for
 
 
 def test_a_dataset_problem_in_a_document_is_refused(forbidden):
-    record = task.generate_dataset()[1000]  # validation-0000
-    problem = task.Problem.from_dict(record["problem"])
-    swapped = task.Problem(problem.initial, problem.deliveries[::-1], problem.withdrawals[::-1])
+    record = problems.generate_dataset()[1000]  # validation-0000
+    problem = problems.Problem.from_dict(record["problem"])
+    swapped = problems.Problem(problem.initial, problem.deliveries[::-1], problem.withdrawals[::-1])
     doc = corpus.Document("direct", "...", [swapped.key])  # a re-ordering is the same problem
     with pytest.raises(ValueError, match=re.escape(f"holds the StockArithmetic-v1 problem {problem.key}")):
         corpus.check_disjoint([corpus.Document("sums", "1 + 1 = 2"), doc], forbidden)
@@ -58,7 +58,7 @@ def test_the_generator_skips_forbidden_problems():
 
 def test_documents_never_show_the_lab_format(documents):
     for doc in documents:
-        assert "final_stock" not in doc.text and task.FORMAT_INSTRUCTION not in doc.text
+        assert "final_stock" not in doc.text and problems.FORMAT_INSTRUCTION not in doc.text
         assert doc.text.endswith("<|endoftext|>")
     kinds = {doc.kind for doc in documents}
     assert kinds == {"direct", "worked", "equations", "sums"}
@@ -69,8 +69,8 @@ def test_every_stated_answer_is_the_solvers(documents):
         if doc.kind == "direct":
             answer = doc.text.split("<|im_start|>assistant\n")[1].split("<|im_end|>")[0]
             (key,) = doc.keys
-            problem = task.Problem(key[0], key[1], key[2])  # sums do not depend on the order
-            assert re.findall(r"\d+", answer) == [str(task.solve(problem))], doc.text
+            problem = problems.Problem(key[0], key[1], key[2])  # sums do not depend on the order
+            assert re.findall(r"\d+", answer) == [str(problems.solve(problem))], doc.text
         if doc.kind in ("equations", "sums"):
             for line in doc.text.removesuffix("<|endoftext|>").split("\n"):
                 left, right = line.split(" = ")

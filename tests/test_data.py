@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from labkit.task import data, problems as task
+from labkit.task import data, problems
 from labkit.task.data import PhaseError
 from labkit.task.problems import Problem, solve
 
@@ -49,7 +49,7 @@ def test_intermediate_stocks_are_non_negative_and_targets_come_from_the_solver(s
         problem = Problem.from_dict(r["problem"])
         assert min(problem.stock_levels()) >= 0, r["id"]
         assert r["target"] == solve(problem), r["id"]
-        assert 0 <= r["target"] <= task.TARGET_MAX
+        assert 0 <= r["target"] <= problems.TARGET_MAX
 
 
 def test_no_permutation_of_a_problem_appears_twice_across_all_splits(splits):
@@ -65,8 +65,8 @@ def test_splits_are_disjoint_under_the_permutation_key(splits):
 
 def test_warm_start_set_and_pool(splits):
     train = splits["train"]
-    assert task.warm_start_ids(train) == [f"train-{i:04d}" for i in range(128)]
-    assert task.pool_ids(train) == [f"train-{i:04d}" for i in range(128, 1000)]
+    assert problems.warm_start_ids(train) == [f"train-{i:04d}" for i in range(128)]
+    assert problems.pool_ids(train) == [f"train-{i:04d}" for i in range(128, 1000)]
 
 
 def template_of(record: dict) -> int:
@@ -74,8 +74,8 @@ def template_of(record: dict) -> int:
     problem = Problem.from_dict(record["problem"])
     matches = {
         index
-        for index, item in itertools.product(range(len(task.TEMPLATES)), task.ITEMS)
-        if task.render_statement(problem, index, item) == record["statement"]
+        for index, item in itertools.product(range(len(problems.TEMPLATES)), problems.ITEMS)
+        if problems.render_statement(problem, index, item) == record["statement"]
     }
     assert len(matches) == 1, f"{record['id']}: statement matches templates {sorted(matches)}"
     return matches.pop()

@@ -12,7 +12,7 @@ import torch
 from labkit import cli
 from labkit.task import data, verifier
 from labkit.eval import evaluate
-from labkit.models import presets as models
+from labkit.models import presets
 from labkit.lab import runs
 from labkit.lab.runs import RunExistsError, is_finished, read_json, read_jsonl, write_jsonl
 
@@ -26,7 +26,7 @@ def state_files(tmp_path_factory):
     folder = tmp_path_factory.mktemp("policies")
     out = {}
     for name, seed in (("warm_start", 1), ("sft", 2)):
-        out[name] = models.save_model(models.new_tiny_model(seed=seed), folder / f"{name}.safetensors")
+        out[name] = presets.save_model(presets.new_tiny_model(seed=seed), folder / f"{name}.safetensors")
     return out
 
 
@@ -87,7 +87,7 @@ def test_prediction_rows_have_the_documented_fields(root):
 
 
 def test_fast_and_reference_samplers_give_the_same_predictions(state_files):
-    model, tokenizer = models.load("tiny", state=state_files["sft"])
+    model, tokenizer = presets.load("tiny", state=state_files["sft"])
     statements = evaluate.load_test_statements(limit=1)
     for mode in evaluate.MODES:
         fast, reference = (evaluate.generate_predictions(model, tokenizer, statements, mode, sampler=s, draws=2,
@@ -163,18 +163,18 @@ def test_a_policy_changed_during_generation_is_refused(monkeypatch, state_files,
 def test_digest_recorded_in_the_file_must_match_the_reloaded_policy(tmp_path):
     from safetensors.torch import save_file
 
-    a, b = models.new_tiny_model(seed=1), models.new_tiny_model(seed=2)
+    a, b = presets.new_tiny_model(seed=1), presets.new_tiny_model(seed=2)
     path = tmp_path / "mislabelled.safetensors"
-    save_file(models.unique_state(b), str(path), metadata={"format": "pt",
-                                                          "labkit_parameter_digest": models.parameter_digest(a)})
+    save_file(presets.unique_state(b), str(path), metadata={"format": "pt",
+                                                          "labkit_parameter_digest": presets.parameter_digest(a)})
     with pytest.raises(ValueError, match="the file was corrupted or changed after it was saved"):
         evaluate.run_inference("tiny", "sft", state_file=path, eval_root=tmp_path, limit=1, max_new_tokens=2)
 
 
 def test_manifest_records_the_digest_unchanged(root, state_files):
     manifest = read_json(root / "sft" / evaluate.MANIFEST_FILE)
-    model, _ = models.load("tiny", state=state_files["sft"])
-    assert manifest["policy_digest"] == manifest["policy_digest_after_generation"] == models.parameter_digest(model)
+    model, _ = presets.load("tiny", state=state_files["sft"])
+    assert manifest["policy_digest"] == manifest["policy_digest_after_generation"] == presets.parameter_digest(model)
     assert manifest["sampler"] == "fast" and manifest["draws"] == 4 and manifest["limit"] == LIMIT
     assert manifest["environment"]["deterministic_algorithms"] == "warn_only"
     assert not torch.are_deterministic_algorithms_enabled()  # the caller's setting is restored

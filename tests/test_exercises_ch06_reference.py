@@ -4,7 +4,7 @@ that misses one way of breaking the reference is told which one."""
 import pytest
 
 from labkit.book import exercises
-from labkit.models import presets as models
+from labkit.models import presets
 
 
 def right(reference, policy, start_digest):
@@ -13,28 +13,28 @@ def right(reference, policy, start_digest):
         "the reference shares weight tensors with the policy"
     assert not any(p.requires_grad for p in reference.parameters()), "a reference parameter requires grad"
     assert not reference.training, "the reference is in train mode"
-    assert models.parameter_digest(reference) == start_digest, "the reference moved from the start"
+    assert presets.parameter_digest(reference) == start_digest, "the reference moved from the start"
 
 
 def digest_only(reference, policy, start_digest):
-    assert models.parameter_digest(reference) == start_digest
+    assert presets.parameter_digest(reference) == start_digest
 
 
 def no_storage(reference, policy, start_digest):
     assert reference is not policy
     assert not any(p.requires_grad for p in reference.parameters()) and not reference.training
-    assert models.parameter_digest(reference) == start_digest
+    assert presets.parameter_digest(reference) == start_digest
 
 
 def no_grad_check(reference, policy, start_digest):
     assert not {p.data_ptr() for p in reference.parameters()} & {p.data_ptr() for p in policy.parameters()}
-    assert not reference.training and models.parameter_digest(reference) == start_digest
+    assert not reference.training and presets.parameter_digest(reference) == start_digest
 
 
 def no_mode_check(reference, policy, start_digest):
     assert not {p.data_ptr() for p in reference.parameters()} & {p.data_ptr() for p in policy.parameters()}
     assert not any(p.requires_grad for p in reference.parameters())
-    assert models.parameter_digest(reference) == start_digest
+    assert presets.parameter_digest(reference) == start_digest
 
 
 def no_digest(reference, policy, start_digest):
@@ -43,7 +43,7 @@ def no_digest(reference, policy, start_digest):
 
 
 def too_strict(reference, policy, start_digest):
-    assert models.parameter_digest(reference) != models.parameter_digest(policy), "the policy has not moved"
+    assert presets.parameter_digest(reference) != presets.parameter_digest(policy), "the policy has not moved"
 
 
 def test_a_right_check_passes(capsys):

@@ -36,7 +36,7 @@ from pathlib import Path
 import pytest
 
 from forked_cli import ForkedProcess
-from labkit.grpo import loop as grpo
+from labkit.grpo import loop
 from labkit.lab import state as state_lib
 from labkit.lab.runs import REPO_ROOT, ArtifactError, is_finished, read_json, sha256_file
 
@@ -185,14 +185,14 @@ def assert_equals_continuous(folder: Path, reference: dict) -> None:
     assert sha256_file(folder / "model.safetensors") == reference["model_sha256"]
     assert manifest["rollouts"] == N * ROWS_PER_ITERATION and manifest["updates"] == 2 * N
     assert read_json(folder / "history.json") == reference["history"]
-    rows = grpo.read_rollouts(folder)
+    rows = loop.read_rollouts(folder)
     ids = [r["rollout_id"] for r in rows]
     assert len(ids) == len(set(ids)) == N * ROWS_PER_ITERATION
     assert [r["iteration"] for r in rows] == [k for k in range(1, N + 1) for _ in range(ROWS_PER_ITERATION)]
     assert rows == reference["rows"]
     assert (folder / "rollouts.jsonl.gz").read_bytes() == (reference["folder"] / "rollouts.jsonl.gz").read_bytes()
     # every iteration's timings once
-    assert [t["iteration"] for t in grpo.read_timings(folder)] == list(range(1, N + 1))
+    assert [t["iteration"] for t in loop.read_timings(folder)] == list(range(1, N + 1))
     assert all(iteration_of(p) <= N for p in (folder / "states").glob("iter-*.pt.gz"))
 
 
@@ -207,7 +207,7 @@ def reference(tmp_path_factory):
         if run.proc.poll() is None:
             os.kill(run.proc.pid, signal.SIGKILL)
             run.proc.wait(timeout=60)
-    rows = grpo.read_rollouts(folder)
+    rows = loop.read_rollouts(folder)
     assert len(rows) == N * ROWS_PER_ITERATION and len({r["rollout_id"] for r in rows}) == len(rows)
     return {
         "folder": folder,
@@ -379,9 +379,9 @@ def test_every_flipped_bit_in_the_rollouts_is_refused_naming_the_file(tmp_path, 
         path.write_bytes(clean)
         flip_bit(path, position)
         with pytest.raises(ArtifactError, match=f"{path} has SHA-256 .* but the ledger recorded"):
-            grpo.read_rollouts(path.parent)
+            loop.read_rollouts(path.parent)
     path.write_bytes(clean)
-    assert grpo.read_rollouts(path.parent) == reference["rows"]
+    assert loop.read_rollouts(path.parent) == reference["rows"]
 
 
 def test_truncated_or_missing_rollouts_are_refused_naming_the_file(tmp_path, reference):
@@ -389,10 +389,10 @@ def test_truncated_or_missing_rollouts_are_refused_naming_the_file(tmp_path, ref
     data = path.read_bytes()
     path.write_bytes(data[: len(data) // 2])
     with pytest.raises(ArtifactError, match=f"{path} has SHA-256"):
-        grpo.read_rollouts(path.parent)
+        loop.read_rollouts(path.parent)
     path.unlink()
     with pytest.raises(ArtifactError, match=f"{path} is missing, but the ledger lists it with 64 rows"):
-        grpo.read_rollouts(path.parent)
+        loop.read_rollouts(path.parent)
 
 
 def test_a_state_whose_bytes_differ_from_the_ledger_is_refused_in_one_line(tmp_path, launch, reference):

@@ -7,8 +7,8 @@ import pytest
 
 from labkit.train import corpus
 from labkit.studies import format_base
-from labkit.models import presets as models
-from labkit.task import problems as task, verifier
+from labkit.models import presets
+from labkit.task import problems, verifier
 from labkit.eval.evaluate import load_test_labels, read_predictions
 from labkit.lab.runs import REPO_ROOT, read_json
 
@@ -19,11 +19,11 @@ def test_a_lab_format_document_is_the_labs_prompt_and_answer_for_a_fresh_problem
     source = corpus.CorpusGenerator(7, corpus.dataset_keys())
     doc = format_base.lab_format_document(source)
     assert doc.kind == "lab_format"
-    assert task.FORMAT_INSTRUCTION in doc.text
+    assert problems.FORMAT_INSTRUCTION in doc.text
     answer = doc.text.split("<|im_start|>assistant\n", 1)[1].split("<|im_end|>")[0]
     [key] = doc.keys
-    problem = task.Problem(key[0], key[1], key[2])
-    assert json.loads(answer) == {"final_stock": task.solve(problem)}
+    problem = problems.Problem(key[0], key[1], key[2])
+    assert json.loads(answer) == {"final_stock": problems.solve(problem)}
     assert key not in corpus.dataset_keys()
     assert corpus.check_disjoint([doc], corpus.dataset_keys()) == 1
 
@@ -40,7 +40,7 @@ def test_the_share_of_lab_format_documents_is_the_stated_one():
 def test_training_stops_at_the_first_measurement_over_the_threshold(monkeypatch):
     shares = iter([0.0, 0.01, 0.2, 0.9])
     monkeypatch.setattr(format_base, "format_share", lambda *a: {"valid": next(shares), "correct": 0.0, "responses": 4})
-    model, tokenizer = models.load("tiny")
+    model, tokenizer = presets.load("tiny")
     cfg = format_base.FormatBaseConfig(max_steps=5, measure_every=1, stop_at_valid_share=0.1, documents_per_step=2)
     result = format_base.train(model, tokenizer, cfg, problems=[], progress=False)
     measured = [(r["step"], r["valid"]) for r in result["log"] if r["kind"] == "measure"]

@@ -9,7 +9,7 @@ import torch
 
 from labkit.studies import gradient_study as gs
 from labkit.grpo import losses
-from labkit.models import presets as models
+from labkit.models import presets
 from labkit.models.tokenizer import load_tiny_tokenizer
 
 
@@ -64,7 +64,7 @@ def test_the_estimate_is_unbiased_and_its_error_falls_as_one_over_root_n():
 
 def test_a_batch_gradient_is_the_clipped_surrogates_at_ratio_one():
     torch.manual_seed(0)
-    model = models.new_tiny_model(seed=3)
+    model = presets.new_tiny_model(seed=3)
     model.eval()
     tokenizer = load_tiny_tokenizer()
     chosen = [{"id": f"p{k}", "statement": f"Start with {k + 3} items.", "problem": None} for k in range(2)]

@@ -4,9 +4,9 @@ import pytest
 import torch
 
 from labkit.book import exercises
-from labkit.grpo import loop as grpo
+from labkit.grpo import loop
 from labkit.studies import group_size as gs
-from labkit.models import presets as models
+from labkit.models import presets
 from labkit.config import TINY
 from labkit.lab.runs import RunExistsError, read_json, write_json
 
@@ -47,12 +47,12 @@ def test_zero_variance_groups_have_exactly_zero_advantages_and_gradients():
 def exercise(tmp_path_factory):
     """A main G=4 run of 3 iterations, then the exercise (G=2, G=8, 2 iterations each) in a tmp runs folder."""
     root = tmp_path_factory.mktemp("runs") / "tiny"
-    start = models.save_model(models.new_tiny_model(seed=3), root.parent / "start.safetensors")
+    start = presets.save_model(presets.new_tiny_model(seed=3), root.parent / "start.safetensors")
     code = root.parent / "code"
     for rel in gs.PROTECTED_CODE:
         (code / rel).parent.mkdir(parents=True, exist_ok=True)
         (code / rel).write_text(f"# stand-in for {rel}\n")
-    grpo.run_grpo(SMALL, root / "grpo", G=4, iterations=3, start_file=start, progress=False)
+    loop.run_grpo(SMALL, root / "grpo", G=4, iterations=3, start_file=start, progress=False)
     manifest = gs.run_exercise(SMALL, runs_root=root, code_root=code, iterations=ITERATIONS, start_file=start,
                                resume_checks=False, evaluate=False, validation_limit=2, progress=False)
     return {"root": root, "code": code, "start": start, "manifest": manifest}
@@ -92,7 +92,7 @@ def test_budget_arithmetic(exercise):
     for name, G, iterations in (("grpo", 4, 3), ("grpo_g2", 2, ITERATIONS), ("grpo_g8", 8, ITERATIONS)):
         r = rows[name]
         assert (r["updates"], r["presentations"], r["rollouts"]) == (2 * iterations, 4 * iterations, 4 * iterations * G)
-        rollouts = grpo.read_rollouts(exercise["root"] / name)
+        rollouts = loop.read_rollouts(exercise["root"] / name)
         assert r["generated_tokens"] == sum(len(x["response_ids"]) for x in rollouts)
         history = read_json(exercise["root"] / name / "history.json")
         assert r["zero_variance_measured"] == sum(h["frac_reward_zero_std"] for h in history) / len(history)

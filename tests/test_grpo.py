@@ -6,10 +6,10 @@ import shutil
 import pytest
 import torch
 
-from labkit.grpo import core, loop as grpo, losses
+from labkit.grpo import core, loop, losses
 from labkit.lab import skeleton
 from labkit.lab.runs import UnfinishedRunError
-from labkit.models import presets as models
+from labkit.models import presets
 from labkit.lab import state as state_lib
 from labkit.lab.runs import sha256_file
 from labkit.config import TINY
@@ -19,7 +19,7 @@ from labkit.config import TINY
 def start_file(tmp_path_factory):
     """A random-init tiny model standing in for the warm start (fast to sample: the loop is what is tested)."""
     path = tmp_path_factory.mktemp("start") / "model.safetensors"
-    models.save_model(models.new_tiny_model(seed=3), path)
+    presets.save_model(presets.new_tiny_model(seed=3), path)
     return path
 
 
@@ -29,7 +29,7 @@ SMALL = TINY.with_overrides(max_new_tokens=6, grpo_lr=1e-3, checkpoint_every=1, 
 
 
 def run(tmp, start_file, **kw):
-    return grpo.run_grpo(SMALL, tmp, G=2, iterations=3, start_file=start_file, progress=False, **kw)
+    return loop.run_grpo(SMALL, tmp, G=2, iterations=3, start_file=start_file, progress=False, **kw)
 
 
 @pytest.fixture(scope="module")
@@ -46,7 +46,7 @@ def test_counts_roles_and_rollout_records(continuous):
     assert manifest["rollouts"] == 24 and manifest["updates"] == 6
     assert manifest["reference_digest"] == manifest["identity"]["start_digest"]
     assert manifest["final_digest"] != manifest["reference_digest"], "6 updates' worth of lr must move the policy"
-    rows = grpo.read_rollouts(folder)
+    rows = loop.read_rollouts(folder)
     assert len(rows) == 24 and len({r["rollout_id"] for r in rows}) == 24
     for key in ("rollout_id", "iteration", "problem_id", "response_ids", "text", "finish_reason",
                 "tokenization_valid", "logp_old", "reward", "advantage"):
@@ -76,29 +76,29 @@ def test_stop_and_resume_equals_continuous(tmp_path, start_file, continuous):
     folder, _ = continuous
     stopped = run(tmp_path / "stop", start_file, stop_after=1)
     assert stopped["iterations_run"] == [0, 1]
-    run(tmp_path / "resume", start_file, resume_from=grpo.state_path(tmp_path / "stop", 1))
-    a, _ = state_lib.load_state(grpo.state_path(folder, 3))
-    b, _ = state_lib.load_state(grpo.state_path(tmp_path / "resume", 3))
+    run(tmp_path / "resume", start_file, resume_from=loop.state_path(tmp_path / "stop", 1))
+    a, _ = state_lib.load_state(loop.state_path(folder, 3))
+    b, _ = state_lib.load_state(loop.state_path(tmp_path / "resume", 3))
     report = state_lib.compare_states(a, b)
     assert report["equal"], report["different_fields"]
-    resumed = grpo.read_rollouts(tmp_path / "resume")
-    assert resumed == [r for r in grpo.read_rollouts(folder) if r["iteration"] > 1]
+    resumed = loop.read_rollouts(tmp_path / "resume")
+    assert resumed == [r for r in loop.read_rollouts(folder) if r["iteration"] > 1]
     # the resumed folder measures its own iterations' checkpoints, equal to the continuous run's
-    curves = grpo.read_checkpoints(folder)
+    curves = loop.read_checkpoints(folder)
     assert [c["iteration"] for c in curves] == [0, 1, 2, 3]
-    assert grpo.read_checkpoints(tmp_path / "resume") == curves[2:]
+    assert loop.read_checkpoints(tmp_path / "resume") == curves[2:]
 
 
 def test_checkpoint_curves_change_no_weight_and_no_rollout(tmp_path, start_file, continuous):
     """The curves sample with seeds of their own and train nothing: the same run without them ends
     in the same weights, bit for bit, with the same rollouts."""
     folder, with_curves = continuous
-    without = grpo.run_grpo(SMALL.with_overrides(checkpoint_every=0), tmp_path / "without", G=2,
+    without = loop.run_grpo(SMALL.with_overrides(checkpoint_every=0), tmp_path / "without", G=2,
                             iterations=3, start_file=start_file, progress=False)
     assert with_curves["final_digest"] == without["final_digest"]
-    assert grpo.read_rollouts(folder) == grpo.read_rollouts(tmp_path / "without")
-    assert grpo.read_checkpoints(tmp_path / "without") == []
-    curves = grpo.read_checkpoints(folder)
+    assert loop.read_rollouts(folder) == loop.read_rollouts(tmp_path / "without")
+    assert loop.read_checkpoints(tmp_path / "without") == []
+    curves = loop.read_checkpoints(folder)
     start = curves[0]
     assert start["iteration"] == 0 and start["kl"] == 0.0, "at the start the policy is the reference"
     assert len(start["greedy_correct"]) == len(start["draws_correct"]) == 6
@@ -111,8 +111,8 @@ def test_a_problem_drawn_twice_in_one_iteration_makes_two_groups(tmp_path, start
     pool = core.load_pool()[:20]
     monkeypatch.setattr(core, "load_pool", lambda: pool)
     config = SMALL.with_overrides(prompts_per_iteration=32, checkpoint_every=0)
-    grpo.run_grpo(config, tmp_path / "run", G=2, iterations=1, start_file=start_file, progress=False)
-    rows = grpo.read_rollouts(tmp_path / "run")
+    loop.run_grpo(config, tmp_path / "run", G=2, iterations=1, start_file=start_file, progress=False)
+    rows = loop.read_rollouts(tmp_path / "run")
     history = json.loads((tmp_path / "run" / "history.json").read_text())[0]
     assert len(history["problem_ids"]) == 32 and len(set(history["problem_ids"])) == 20
     assert len(rows) == 64 and len({r["rollout_id"] for r in rows}) == 64
@@ -134,8 +134,8 @@ def test_iteration_metrics_groups_by_position():
 def test_resume_refuses_a_state_of_another_run(tmp_path, start_file):
     run(tmp_path / "stop", start_file, stop_after=1)
     with pytest.raises(ValueError, match="another run"):
-        grpo.run_grpo(SMALL, tmp_path / "other", G=4, iterations=3, start_file=start_file,
-                      progress=False, resume_from=grpo.state_path(tmp_path / "stop", 1))
+        loop.run_grpo(SMALL, tmp_path / "other", G=4, iterations=3, start_file=start_file,
+                      progress=False, resume_from=loop.state_path(tmp_path / "stop", 1))
 
 
 def test_prompt_order_crosses_epochs_deterministically():
@@ -155,9 +155,9 @@ def test_a_killed_run_resumed_in_place_keeps_every_rollout_once(tmp_path, start_
     continuous_folder, continuous = continuous
     folder = tmp_path / "killed"
     run(folder, start_file, stop_after=2, save_states_at=(1,))
-    assert len(grpo.read_rollouts(folder)) == 16  # written with the states, not at the end
-    resumed = run(folder, start_file, resume_from=grpo.state_path(folder, 2))
-    assert grpo.read_rollouts(folder) == grpo.read_rollouts(continuous_folder)
+    assert len(loop.read_rollouts(folder)) == 16  # written with the states, not at the end
+    resumed = run(folder, start_file, resume_from=loop.state_path(folder, 2))
+    assert loop.read_rollouts(folder) == loop.read_rollouts(continuous_folder)
     assert resumed["final_digest"] == continuous["final_digest"] and resumed["rollouts"] == 24
 
 
@@ -171,7 +171,7 @@ def test_a_fresh_start_in_an_unfinished_folder_leaves_no_old_rollouts(tmp_path, 
         run(folder, start_file)
     assert sorted(p.name for p in (folder / "states").iterdir()) == ["iter-001.pt.gz", "iter-002.pt.gz"]
     run(folder, start_file, restart=True)
-    rows = grpo.read_rollouts(folder)
+    rows = loop.read_rollouts(folder)
     assert len(rows) == 24 and len({r["rollout_id"] for r in rows}) == 24
     assert sorted(p.name for p in (folder / "states").iterdir()) == ["iter-003.pt.gz"]
     assert not list(folder.glob("stopped-at-*")), "the earlier attempt's stop marker is gone"
@@ -184,20 +184,20 @@ def test_a_file_the_ledger_does_not_list_is_ignored_and_a_changed_part_refused(t
     folder = shutil.copytree(continuous[0], tmp_path / "run")  # a copy: this test changes a part
     # a stray copy beside the real part (what globbing readers once merged) is not part of the run
     (folder / "rollouts-old.jsonl.gz").write_bytes((folder / "rollouts.jsonl.gz").read_bytes())
-    assert len(grpo.read_rollouts(folder)) == 24
+    assert len(loop.read_rollouts(folder)) == 24
     # an extra block appended to the real part changes its digest: refused, naming the file
-    grpo.RunFolder(folder).path.joinpath("rollouts.jsonl.gz").open("ab").write(
+    loop.RunFolder(folder).path.joinpath("rollouts.jsonl.gz").open("ab").write(
         __import__("gzip").compress(b'{"rollout_id": "x"}\n'))
-    with pytest.raises(grpo.ArtifactError, match=r"rollouts\.jsonl\.gz has SHA-256 .* but the ledger recorded"):
-        grpo.read_rollouts(folder)
+    with pytest.raises(loop.ArtifactError, match=r"rollouts\.jsonl\.gz has SHA-256 .* but the ledger recorded"):
+        loop.read_rollouts(folder)
 
 
 def test_the_rollouts_of_a_resumed_run_are_byte_identical_to_the_continuous_run(tmp_path, start_file, continuous):
     folder = tmp_path / "killed"
     run(folder, start_file, stop_after=2, save_states_at=(1,))
-    run(folder, start_file, resume_from=grpo.state_path(folder, 1))  # back to iteration 1: 2 is redone
+    run(folder, start_file, resume_from=loop.state_path(folder, 1))  # back to iteration 1: 2 is redone
     assert (folder / "rollouts.jsonl.gz").read_bytes() == (continuous[0] / "rollouts.jsonl.gz").read_bytes()
-    assert [t["iteration"] for t in grpo.read_timings(folder)] == [1, 2, 3]
+    assert [t["iteration"] for t in loop.read_timings(folder)] == [1, 2, 3]
 
 
 def test_a_finished_run_named_through_a_missing_folder_is_still_refused(continuous, start_file):
@@ -211,7 +211,7 @@ def test_a_corrupted_start_file_is_refused(tmp_path, start_file):
     data[-50] ^= 0x10
     bad.write_bytes(bytes(data))
     with pytest.raises(ValueError, match="corrupted or changed after it was saved"):
-        grpo.run_grpo(SMALL, tmp_path / "run", G=2, iterations=1, start_file=bad, progress=False)
+        loop.run_grpo(SMALL, tmp_path / "run", G=2, iterations=1, start_file=bad, progress=False)
 
 
 def test_a_start_file_that_differs_from_its_producers_record_is_refused(tmp_path, start_file):
@@ -219,12 +219,12 @@ def test_a_start_file_that_differs_from_its_producers_record_is_refused(tmp_path
     warm = tmp_path / "tiny" / "warm_start"
     warm.mkdir(parents=True)
     (warm / "model.safetensors").write_bytes(start_file.read_bytes())
-    recorded = grpo.RunFolder(warm).register("model.safetensors")["sha256"]
+    recorded = loop.RunFolder(warm).register("model.safetensors")["sha256"]
     (warm / "manifest.json").write_text(json.dumps({"ledger": json.loads((warm / "parts.json").read_text())}))
     (warm / "parts.json").unlink()
-    models.save_model(models.new_tiny_model(seed=4), warm / "model.safetensors")
-    with pytest.raises(grpo.ArtifactError) as refused:
-        grpo.run_grpo(SMALL, tmp_path / "run", G=2, iterations=1, start_file=warm / "model.safetensors",
+    presets.save_model(presets.new_tiny_model(seed=4), warm / "model.safetensors")
+    with pytest.raises(loop.ArtifactError) as refused:
+        loop.run_grpo(SMALL, tmp_path / "run", G=2, iterations=1, start_file=warm / "model.safetensors",
                       progress=False)
     message = str(refused.value)
     assert recorded in message and sha256_file(warm / "model.safetensors") in message
@@ -235,11 +235,11 @@ def test_a_start_file_that_differs_from_its_producers_record_is_refused(tmp_path
 def test_a_state_with_a_flipped_bit_is_refused_by_its_ledger(tmp_path, start_file):
     folder = tmp_path / "run"
     run(folder, start_file, stop_after=2, save_states_at=(1,))
-    state = grpo.state_path(folder, 1)
+    state = loop.state_path(folder, 1)
     data = bytearray(state.read_bytes())
     data[len(data) // 2] ^= 0x01
     state.write_bytes(bytes(data))
-    with pytest.raises(grpo.ArtifactError, match=r"iter-001\.pt\.gz has SHA-256 .* records"):
+    with pytest.raises(loop.ArtifactError, match=r"iter-001\.pt\.gz has SHA-256 .* records"):
         run(folder, start_file, resume_from=state)
 
 
@@ -255,7 +255,7 @@ def test_shared_prompt_scoring_trains_the_same_policy_within_rounding(tmp_path, 
     plain_folder, plain = continuous
     shared = run(tmp_path / "shared", start_file, shared_prompts=True)
     assert shared["identity"]["scoring"] == "shared_prompt" and "scoring" not in plain["identity"]
-    first = lambda folder: [r for r in grpo.read_rollouts(folder) if r["iteration"] == 1]  # noqa: E731
+    first = lambda folder: [r for r in loop.read_rollouts(folder) if r["iteration"] == 1]  # noqa: E731
     assert [r["response_ids"] for r in first(plain_folder)] == [r["response_ids"] for r in first(tmp_path / "shared")]
     history = json.loads((tmp_path / "shared" / "history.json").read_text())
     assert max(h["logprob_check/max_abs_diff"] for h in history) <= SMALL.logprob_check_tol
@@ -265,9 +265,9 @@ def test_shared_prompt_scoring_trains_the_same_policy_within_rounding(tmp_path, 
     assert history[0]["updates"][0]["grad_norm"] == pytest.approx(first_plain["grad_norm"], rel=1e-4)
     # later updates: AdamW divides by sqrt(v), so a rounding-level gradient near 0 can flip a step's
     # sign; the weights stay close relative to how far the 6 updates moved them
-    start, _ = models.load("tiny", state=start_file)
-    a, _ = models.load("tiny", state=plain_folder / "model.safetensors")
-    b, _ = models.load("tiny", state=tmp_path / "shared" / "model.safetensors")
+    start, _ = presets.load("tiny", state=start_file)
+    a, _ = presets.load("tiny", state=plain_folder / "model.safetensors")
+    b, _ = presets.load("tiny", state=tmp_path / "shared" / "model.safetensors")
     norm = lambda pairs: sum(float((x - y).pow(2).sum()) for x, y in pairs) ** 0.5  # noqa: E731
     gap = norm(zip(a.parameters(), b.parameters()))
     moved = norm(zip(a.parameters(), start.parameters()))
@@ -314,7 +314,7 @@ def test_a_finished_runs_manifest_is_checked_before_its_model_is_trusted(tmp_pat
     with pytest.raises(ArtifactError, match=expected):
         RunFolder(folder).manifest()
     with pytest.raises(ArtifactError, match=expected):  # a model is checked against its run's records
-        models.load("tiny", state=folder / "model.safetensors")
+        presets.load("tiny", state=folder / "model.safetensors")
 
 
 @pytest.mark.parametrize("sampler", ["fast", "static"])
@@ -326,6 +326,6 @@ def test_the_batched_samplers_train_the_protocols_policy(tmp_path, start_file, c
     # the sampler's own log-probs differ in float rounding only (the pre-update check's tolerance)
     own = ("sampler", "seconds", "logp_old")
     strip = lambda rows: [{k: v for k, v in r.items() if k not in own} for r in rows]  # noqa: E731
-    rows, protocol = grpo.read_rollouts(tmp_path / "run"), grpo.read_rollouts(continuous[0])
+    rows, protocol = loop.read_rollouts(tmp_path / "run"), loop.read_rollouts(continuous[0])
     assert strip(rows) == strip(protocol)
     assert max(abs(a - b) for r, q in zip(rows, protocol) for a, b in zip(r["logp_old"], q["logp_old"])) <= 2e-4

@@ -13,9 +13,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from labkit.grpo import core, loop as grpo, variants
+from labkit.grpo import core, loop, variants
 from labkit.grpo.variants import Variant
-from labkit.models import presets as models, scoring
+from labkit.models import presets, scoring
 from labkit.config import TINY
 
 SNAPSHOT = json.loads((Path(__file__).parent / "snapshots" / "grpo_loss.json").read_text())
@@ -26,8 +26,8 @@ def snapshot_inputs():
     """Two groups of G=2: a random-init policy, another as the reference (so the KL is not 0), old
     log-probs = the policy's own plus seeded noise (so rho != 1 and the clip acts)."""
     torch.manual_seed(0)
-    policy = models.new_tiny_model(seed=3).eval()
-    reference = models.new_tiny_model(seed=4).eval().requires_grad_(False)
+    policy = presets.new_tiny_model(seed=3).eval()
+    reference = presets.new_tiny_model(seed=4).eval().requires_grad_(False)
     g = torch.Generator().manual_seed(7)
     prompts = [torch.randint(10, 200, (n,), generator=g).tolist() for n in (5, 5, 7, 7)]
     responses = [torch.randint(10, 200, (n,), generator=g).tolist() for n in (3, 6, 4, 2)]
@@ -68,7 +68,7 @@ def test_the_loss_and_its_gradient_match_the_snapshot():
 
 def test_one_update_reports_the_same_figures_and_moves_the_weights():
     policy, reference, batch, old, advantages = snapshot_inputs()
-    before = models.parameter_digest(policy)
+    before = presets.parameter_digest(policy)
     optimizer = torch.optim.AdamW([p for p in policy.parameters() if p.requires_grad], lr=1e-3)
     seen = []
     metrics = core.grpo_update(policy, optimizer, batch, old, advantages, core.reference_scores(reference, batch),
@@ -80,14 +80,14 @@ def test_one_update_reports_the_same_figures_and_moves_the_weights():
     assert_matches_snapshot({**metrics, **{k: SNAPSHOT[k] for k in ("grad_sum_lm_head", "grad_sum_layer0_q")}})
     # before_step saw the update's own forward, detached, before the step changed the weights
     assert len(seen) == 1 and not seen[0].requires_grad and seen[0].shape == batch.response_mask.shape
-    assert models.parameter_digest(policy) != before
+    assert presets.parameter_digest(policy) != before
 
 
 def test_an_iteration_runs_three_scoring_forwards(tmp_path, monkeypatch):
     """Per iteration: the policy at each of the 2 updates (the pre-update check uses the first) and
     the reference once; sampling does not go through scoring.response_logits."""
     start = tmp_path / "start.safetensors"
-    models.save_model(models.new_tiny_model(seed=3), start)
+    presets.save_model(presets.new_tiny_model(seed=3), start)
     calls = []
     original = scoring.response_logits
 
@@ -97,7 +97,7 @@ def test_an_iteration_runs_three_scoring_forwards(tmp_path, monkeypatch):
 
     monkeypatch.setattr(scoring, "response_logits", counting)
     small = TINY.with_overrides(max_new_tokens=4, checkpoint_every=0)  # the curves score with forwards of their own
-    grpo.run_grpo(small, tmp_path / "run", G=2, iterations=2, start_file=start, progress=False)
+    loop.run_grpo(small, tmp_path / "run", G=2, iterations=2, start_file=start, progress=False)
     B = small.prompts_per_iteration * 2
     assert [rows for _, rows in calls] == [B] * 6, calls
     models_seen = [m for m, _ in calls]

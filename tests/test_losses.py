@@ -413,13 +413,13 @@ def test_kl_benchmark_runs_small_and_blocked_needs_less_extra_memory(capsys):
 def test_exact_kl_on_real_tiny_model_distributions():
     # Probes from a real model: the committed tiny base against a copy moved by one SGD step on a
     # real prompt, so the two full next-token distributions differ the way a policy update makes them.
-    from labkit.models import presets as models, scoring
+    from labkit.models import presets, scoring
     from labkit.models.presets import TINY_BASE_STATE
 
     assert TINY_BASE_STATE.is_file(), f"{TINY_BASE_STATE}: the committed tiny base is missing"
     torch.manual_seed(0)
-    model, tokenizer = models.load("tiny")
-    moved, _ = models.load("tiny")
+    model, tokenizer = presets.load("tiny")
+    moved, _ = presets.load("tiny")
     ids = torch.tensor([scoring.build_prompt_ids(tokenizer, "A shop had 7 boxes. How many remain?")])
     opt = torch.optim.SGD(moved.parameters(), lr=0.5)
     moved(input_ids=ids, labels=ids).loss.backward()

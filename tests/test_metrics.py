@@ -7,8 +7,8 @@ undocumented, and a documented name that nothing writes any more is reported too
 
 import pytest
 
-from labkit.grpo import loop as grpo, metrics
-from labkit.models import presets as models
+from labkit.grpo import loop, metrics
+from labkit.models import presets
 from labkit.train import sft
 from labkit.config import TINY
 from labkit.lab.runs import REPO_ROOT, read_json
@@ -18,8 +18,8 @@ from labkit.lab.runs import REPO_ROOT, read_json
 def grpo_run(tmp_path_factory):
     root = tmp_path_factory.mktemp("metrics")
     start = root / "start.safetensors"
-    models.save_model(models.new_tiny_model(seed=3), start)
-    grpo.run_grpo(TINY.with_overrides(max_new_tokens=4, checkpoint_problems=8), root / "grpo", G=2,
+    presets.save_model(presets.new_tiny_model(seed=3), start)
+    loop.run_grpo(TINY.with_overrides(max_new_tokens=4, checkpoint_problems=8), root / "grpo", G=2,
                   iterations=2,
                   start_file=start, progress=False)
     return root / "grpo"
@@ -29,8 +29,8 @@ def grpo_run(tmp_path_factory):
 def sft_run(tmp_path_factory):
     short = TINY.with_overrides(warm_start_examples=8, warm_start_epochs=1, sft_batch_size=4)
     folder = tmp_path_factory.mktemp("metrics_sft") / "warm_start"
-    tokenizer = models.load_tiny_tokenizer()
-    manifest = sft.run_branch(short, "warm_start", folder, model_factory=lambda: (models.new_tiny_model(0, tokenizer),
+    tokenizer = presets.load_tiny_tokenizer()
+    manifest = sft.run_branch(short, "warm_start", folder, model_factory=lambda: (presets.new_tiny_model(0, tokenizer),
                                                                                    tokenizer),
                               validation_limit=3, progress=False)
     return folder, manifest
@@ -44,9 +44,9 @@ def test_grpo_history_updates_rows_and_timings_are_documented(grpo_run):
     history = read_json(grpo_run / "history.json")
     assert keys(history) == set(metrics.GRPO_ITERATION)
     assert keys(u for h in history for u in h["updates"]) == set(metrics.GRPO_UPDATE)
-    assert keys(grpo.read_rollouts(grpo_run)) == set(metrics.ROLLOUT_ROW)
-    assert keys(grpo.read_timings(grpo_run)) == set(metrics.GRPO_TIMINGS)
-    checkpoints = grpo.read_checkpoints(grpo_run)
+    assert keys(loop.read_rollouts(grpo_run)) == set(metrics.ROLLOUT_ROW)
+    assert keys(loop.read_timings(grpo_run)) == set(metrics.GRPO_TIMINGS)
+    checkpoints = loop.read_checkpoints(grpo_run)
     assert [c["iteration"] for c in checkpoints] == [0, 2]  # the start and the end of a 2-iteration run
     assert keys(checkpoints) == set(metrics.GRPO_CHECKPOINT)
 

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from labkit.task import data
-from labkit.models import presets as models
+from labkit.models import presets
 from labkit.studies import overoptimisation as oo, overoptimisation_summary as summary, reward_model
 from labkit.lab.runs import REPO_ROOT, ArtifactError, read_json
 from labkit.task.verifier import score
@@ -85,7 +85,7 @@ def test_an_unknown_proxy_or_setting_is_refused_by_name():
 
 
 def test_sequence_kl_matches_a_float64_reference_and_is_zero_to_itself():
-    a, b = models.new_tiny_model(seed=1), models.new_tiny_model(seed=2)
+    a, b = presets.new_tiny_model(seed=1), presets.new_tiny_model(seed=2)
     prompts, responses = [[5, 6, 7], [8, 9]], [[10, 11, 12, 13], [14]]
     got = oo.sequence_kl(a, b, prompts, responses, pad_id=0)
     a64, b64 = copy.deepcopy(a).double(), copy.deepcopy(b).double()

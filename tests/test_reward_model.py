@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from labkit.task import data, verifier
-from labkit.models import presets as models, scoring
+from labkit.models import presets, scoring
 from labkit.studies import reward_model
 from labkit.lab.runs import REPO_ROOT, ArtifactError, RunExistsError, read_json, sha256_file, write_json
 
@@ -60,7 +60,7 @@ def test_the_held_out_rule_is_a_fixed_hash_of_the_id():
 
 
 def test_features_are_the_judges_log_probs():
-    judge, tokenizer = models.load("tiny", state=REPO_ROOT / "runs" / "tiny" / "warm_start" / "model.safetensors")
+    judge, tokenizer = presets.load("tiny", state=REPO_ROOT / "runs" / "tiny" / "warm_start" / "model.safetensors")
     prompt = scoring.build_prompt_ids(tokenizer, "Start with 3 boxes.")
     responses = [scoring.target_response_ids(tokenizer, 7), scoring.target_response_ids(tokenizer, 12)[:-1]]
     x = reward_model.judge_features(judge, [prompt, prompt], responses, tokenizer.pad_token_id, tokenizer.eos_token_id)
@@ -85,7 +85,7 @@ def test_a_small_run_writes_checked_files_and_reloads_to_the_same_scores(tmp_pat
     v = reward_model.load_verifier("tiny", run)
     assert v.file_sha256 == sha256_file(run / "model.safetensors") == manifest["ledger"]["files"]["model.safetensors"]["sha256"]
     statements = {s["id"]: s["statement"] for s in data.open_records("statements", "train", "learning")}
-    _, tokenizer = models.load("tiny")
+    _, tokenizer = presets.load("tiny")
     proxy, p = v.rewards([scoring.build_prompt_ids(tokenizer, statements[r["problem_id"]]) for r in rows],
                          [r["response_ids"] for r in rows])
     assert p.tolist() == pytest.approx([r["p_correct"] for r in rows], abs=1e-9)

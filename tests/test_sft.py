@@ -11,7 +11,7 @@ import torch
 
 from labkit import config
 from labkit.task import data
-from labkit.models import presets as models
+from labkit.models import presets
 from labkit.train import schedule, sft
 from labkit.lab import state
 from labkit.lab.runs import RunExistsError, read_json
@@ -34,7 +34,7 @@ def train_examples(tokenizer):
 
 @pytest.fixture(scope="module")
 def factory(tokenizer):
-    return lambda: (models.new_tiny_model(0, tokenizer), tokenizer)
+    return lambda: (presets.new_tiny_model(0, tokenizer), tokenizer)
 
 
 @pytest.fixture(scope="module")
@@ -97,7 +97,7 @@ def test_learning_phase_refuses_test_data(tokenizer):
 
 
 def test_loss_decreases_on_a_tiny_overfit(tokenizer, train_examples):
-    model = models.new_tiny_model(0, tokenizer)
+    model = presets.new_tiny_model(0, tokenizer)
     examples = train_examples[:2]
     # 5e-3, well above the preset's rate, so that 12 updates on 2 examples are enough to overfit
     overfit = config.TINY.with_overrides(warm_start_examples=2, warm_start_epochs=12, sft_batch_size=2, sft_lr=5e-3)
@@ -111,7 +111,7 @@ def test_loss_decreases_on_a_tiny_overfit(tokenizer, train_examples):
 
 
 def test_update_refuses_train_mode(tokenizer):
-    model = models.new_tiny_model(0, tokenizer).train()
+    model = presets.new_tiny_model(0, tokenizer).train()
     examples = sft.load_split_examples(tokenizer, "validation")[:2]
     params = list(model.parameters())
     with pytest.raises(RuntimeError, match="eval mode"):
@@ -125,13 +125,13 @@ def test_same_threads_same_numbers(tokenizer, train_examples):
     plan = sft.make_plan(SHORT, "warm_start")
     digests = []
     for _ in range(2):
-        model = models.new_tiny_model(0, tokenizer)
+        model = presets.new_tiny_model(0, tokenizer)
         params = list(model.parameters())
         optimizer = torch.optim.AdamW(params, lr=plan.peak_lr)
         with sft.deterministic_algorithms():
             for k in range(2):
                 sft.sft_update(model, optimizer, examples[4 * k : 4 * k + 4], tokenizer.pad_token_id, plan, k, 1)
-        digests.append(models.parameter_digest(model))
+        digests.append(presets.parameter_digest(model))
     assert digests[0] == digests[1]
 
 
@@ -163,8 +163,8 @@ def test_run_evidence(checked, factory):
     assert manifest["start_model"]["parameter_digest"] != manifest["final_digest"]
     assert manifest["reloaded_parameter_digest"] == manifest["final_digest"]
     model, _ = factory()
-    models.load_state_into(model, root / "real" / "model.safetensors")
-    assert models.parameter_digest(model) == manifest["final_digest"]
+    presets.load_state_into(model, root / "real" / "model.safetensors")
+    assert presets.parameter_digest(model) == manifest["final_digest"]
     assert set(manifest["files"]["states"]) == {"states/epoch-1.pt.gz", "states/epoch-2.pt.gz"}
     greedy = manifest["validation_greedy"]  # measured on the reloaded final model, chooses nothing
     assert greedy["problems"] == VALIDATION_LIMIT and greedy["correct"] + sum(greedy["reasons"].values()) == VALIDATION_LIMIT

@@ -30,7 +30,7 @@ import torch
 import transformers.models.qwen2.modeling_qwen2 as modeling_qwen2
 
 from labkit.grpo import core
-from labkit.models import presets as models, scoring, shared_prompt
+from labkit.models import presets, scoring, shared_prompt
 from labkit import smoke
 from labkit.lab.runs import REPO_ROOT
 
@@ -44,7 +44,7 @@ F64_EXACT = dict(logp=1e-10, logits=1e-10, grad=1e-10)
 def tiny():
     """(model, tokenizer): the warm start when present (sharper than a random model), else the base."""
     state = WARM_START if Path(WARM_START).is_file() else None
-    return models.load("tiny", state=state)
+    return presets.load("tiny", state=state)
 
 
 @pytest.fixture(scope="module")
@@ -132,7 +132,7 @@ def _scores_and_gradients(model, path, rows):
     model.zero_grad(set_to_none=True)
     logp, logits, mask = path(model, *rows)
     shared_prompt._example_loss(logp, logits, mask.to(logits.dtype)).backward()
-    grads = {name: p.grad.detach().clone() for name, p in models.unique_parameters(model)}
+    grads = {name: p.grad.detach().clone() for name, p in presets.unique_parameters(model)}
     model.zero_grad(set_to_none=True)
     return logp.detach(), logits.detach(), mask, grads
 

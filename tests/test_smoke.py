@@ -19,7 +19,7 @@ import torch
 
 from labkit import cli, smoke
 from labkit.grpo import losses
-from labkit.models import presets as models, scoring
+from labkit.models import presets, scoring
 from labkit.config import QWEN, TINY
 from labkit.lab.runs import read_json
 from labkit.models.rollouts import decode_response
@@ -90,7 +90,7 @@ def test_the_parameter_count_of_two_layers_follows_from_the_config(smoke_run):
     built = detail(report, "build")
     assert built["unique_parameters"] == _unique_parameters(c, LAYERS) == 35_899_040
     # the same formula gives the real model at 24 layers and full width
-    assert _unique_parameters(smoke.smoke_model_config(24), 24) == models.QWEN_PARAMETERS == 494_032_768
+    assert _unique_parameters(smoke.smoke_model_config(24), 24) == presets.QWEN_PARAMETERS == 494_032_768
     assert built["tied"] and built["dtype"] == "torch.float32" and built["attn_implementation"] == "eager"
     # the qwen loader's check refuses the stand-in for exactly its four differences, each named
     assert built["check_qwen"] == ("refused as it must be: config.hidden_size is 224, expected 896; "

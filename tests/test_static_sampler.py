@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from labkit.grpo import core
-from labkit.models import presets as models, rollouts, sampling, scoring, static_sampler
+from labkit.models import presets, rollouts, sampling, scoring, static_sampler
 from labkit import smoke
 from labkit.lab.runs import REPO_ROOT
 
@@ -25,7 +25,7 @@ LOGPROB_TOL = sampling.LOGPROB_TOLERANCE
 @pytest.fixture(scope="module")
 def tiny():
     state = WARM_START if Path(WARM_START).is_file() else None
-    return models.load("tiny", state=state)
+    return presets.load("tiny", state=state)
 
 
 @pytest.fixture(scope="module")

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from labkit.models import presets as models
+from labkit.models import presets
 from labkit.studies import sweep
 from labkit.lab.runs import RunFolder, read_json
 from labkit.grpo.variants import Variant
@@ -92,7 +92,7 @@ def test_chapter9s_runs_keep_their_committed_folders():
 @pytest.fixture(scope="module")
 def start_file(tmp_path_factory):
     path = tmp_path_factory.mktemp("start") / "model.safetensors"
-    models.save_model(models.new_tiny_model(seed=3), path)
+    presets.save_model(presets.new_tiny_model(seed=3), path)
     return path
 
 
@@ -172,7 +172,7 @@ def test_a_learned_reward_run_is_named_by_its_reward_model():
 def test_the_committed_chapter10_sweep_is_complete_and_rescored_exactly():
     """Every run of sweeps/chapter10.json is built for this code; every kept rollout's true reward is
     the verifier's verdict on its text, and the learned run's optimised reward is its proxy."""
-    from labkit.grpo import core, loop as grpo
+    from labkit.grpo import core, loop
     from labkit.task import verifier
     from labkit.config import get_preset
 
@@ -183,7 +183,7 @@ def test_the_committed_chapter10_sweep_is_complete_and_rescored_exactly():
     assert sorted(results["runs"]) == sorted(s["name"] for s in specs)
     problems = {p["id"]: p["problem"] for p in core.load_pool()}
     for spec in specs:
-        rows = grpo.read_rollouts(spec["folder"])
+        rows = loop.read_rollouts(spec["folder"])
         assert len(rows) == spec["iterations"] * spec["G"] * get_preset("tiny").prompts_per_iteration
         for r in rows:
             v = verifier.score(r["text"], r["finish_reason"], problems[r["problem_id"]], r["tokenization_valid"])

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from labkit.task import problems as task
+from labkit.task import problems
 from labkit.task.problems import Problem, generate_dataset, population_of, render_statement, solve
 
 
@@ -26,7 +26,7 @@ def test_solver_on_hand_worked_problems(problem, levels, target):
 
 
 def test_target_max_is_the_largest_possible_answer():
-    assert task.TARGET_MAX == task.OOD_MAX * 3 == 300
+    assert problems.TARGET_MAX == problems.OOD_MAX * 3 == 300
 
 
 @pytest.mark.parametrize(
@@ -90,7 +90,7 @@ def test_population(problem, population):
 
 def test_statement_shows_every_operand_and_the_item():
     p = Problem(1, (27, 43), (18, 10))
-    for index in range(len(task.TEMPLATES)):
+    for index in range(len(problems.TEMPLATES)):
         text = render_statement(p, index, "lamps")
         positions = [text.index(str(x)) for x in (1, 27, 43, 18, 10)]
         assert positions == sorted(positions), "operands appear in the order the movements happen"
@@ -102,14 +102,14 @@ def test_statement_shows_every_operand_and_the_item():
 
 
 def test_format_instruction_names_the_field():
-    assert '{"final_stock": <integer>}' in task.FORMAT_INSTRUCTION
-    assert len(task.TEMPLATES) >= 3
+    assert '{"final_stock": <integer>}' in problems.FORMAT_INSTRUCTION
+    assert len(problems.TEMPLATES) >= 3
 
 
 def test_generation_is_deterministic_and_depends_on_the_seed():
     first = generate_dataset()
-    assert first == generate_dataset(task.DEFAULT_SEED)
-    other = generate_dataset(task.DEFAULT_SEED + 1)
+    assert first == generate_dataset(problems.DEFAULT_SEED)
+    other = generate_dataset(problems.DEFAULT_SEED + 1)
     assert len(other) == len(first) == 1400
     assert [r["problem"] for r in other] != [r["problem"] for r in first]
 
@@ -130,7 +130,7 @@ def test_generated_records_have_the_public_fields():
 
 def test_warm_start_and_pool_partition_the_train_split():
     train = [r for r in generate_dataset() if r["split"] == "train"]
-    warm, pool = task.warm_start_ids(train), task.pool_ids(train)
+    warm, pool = problems.warm_start_ids(train), problems.pool_ids(train)
     assert (len(warm), len(pool)) == (128, 872)
     assert warm + pool == [r["id"] for r in train]
     assert warm[0] == "train-0000" and warm[-1] == "train-0127" and pool[0] == "train-0128"

@@ -2,7 +2,7 @@
 
 import pytest
 
-from labkit.models import presets as models
+from labkit.models import presets
 from labkit.eval import think_profile
 from labkit.task import worked
 from labkit.task.worked import Chain
@@ -23,8 +23,8 @@ def test_the_profile_by_hand():
 
 
 def test_worked_samples_are_seeded_scored_and_reproducible():
-    tokenizer = models.load_tiny_tokenizer()
-    model = models.new_tiny_model(0, tokenizer)
+    tokenizer = presets.load_tiny_tokenizer()
+    model = presets.new_tiny_model(0, tokenizer)
     chains = {1: [Chain(5, (3,))], 3: [Chain(10, (4, -2, 7))]}
     a = think_profile.sample_worked(model, tokenizer, chains, draws=2, seed=1, max_new_tokens=6)
     b = think_profile.sample_worked(model, tokenizer, chains, draws=2, seed=1, max_new_tokens=6)

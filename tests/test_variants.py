@@ -5,8 +5,8 @@ import json
 import pytest
 import torch
 
-from labkit.grpo import core, loop as grpo, losses
-from labkit.models import presets as models
+from labkit.grpo import core, loop, losses
+from labkit.models import presets
 from labkit.lab import state as state_lib
 from labkit.config import TINY
 from labkit.grpo.variants import Variant
@@ -19,15 +19,15 @@ SMALL = TINY.with_overrides(max_new_tokens=5, grpo_lr=1e-3, checkpoint_problems=
 @pytest.fixture(scope="module")
 def start_file(tmp_path_factory):
     path = tmp_path_factory.mktemp("start") / "model.safetensors"
-    models.save_model(models.new_tiny_model(seed=3), path)
+    presets.save_model(presets.new_tiny_model(seed=3), path)
     return path
 
 
 def run(folder, start_file, variant, **kw):
     kw.setdefault("iterations", 2)
-    manifest = grpo.run_grpo(SMALL, folder, G=2, start_file=start_file, progress=False, variant=variant, **kw)
+    manifest = loop.run_grpo(SMALL, folder, G=2, start_file=start_file, progress=False, variant=variant, **kw)
     history = json.loads((folder / "history.json").read_text()) if (folder / "history.json").exists() else None
-    return manifest, history, grpo.read_rollouts(folder)
+    return manifest, history, loop.read_rollouts(folder)
 
 
 def test_options_are_checked_by_name():
@@ -85,9 +85,9 @@ def test_the_random_control_ignores_the_response_and_resumes_exactly(tmp_path, s
     assert all(r["reward"] == 0.0 for r in rows)  # a random model is never right; the control still pays
     assert sum(r["optimised_reward"] for r in rows) > 0
     run(tmp_path / "stop", start_file, variant, iterations=3, stop_after=1)
-    run(tmp_path / "resume", start_file, variant, iterations=3, resume_from=grpo.state_path(tmp_path / "stop", 1))
-    a, _ = state_lib.load_state(grpo.state_path(tmp_path / "continuous", 3))
-    b, _ = state_lib.load_state(grpo.state_path(tmp_path / "resume", 3))
+    run(tmp_path / "resume", start_file, variant, iterations=3, resume_from=loop.state_path(tmp_path / "stop", 1))
+    a, _ = state_lib.load_state(loop.state_path(tmp_path / "continuous", 3))
+    b, _ = state_lib.load_state(loop.state_path(tmp_path / "resume", 3))
     assert "reward" in a["generators"] and state_lib.compare_states(a, b)["equal"]
     assert a["identity"]["variant"] == variant.to_dict()
 
@@ -193,17 +193,17 @@ def test_sampler_mismatch_options_are_checked():
 
 def test_the_rounded_samplers_differ_from_the_policy_and_leave_it_alone():
     from labkit.grpo.variants import SAMPLER_WEIGHTS_TABLE, to_bfloat16, to_float8
-    model = models.new_tiny_model(seed=3)
-    before = models.parameter_digest(model)
+    model = presets.new_tiny_model(seed=3)
+    before = presets.parameter_digest(model)
     assert SAMPLER_WEIGHTS_TABLE["float32"](model) is model
     w = torch.tensor([0.1, -0.3, 1.0 + 2 ** -10, 448.0])
     assert to_bfloat16(w).tolist() == [0.10009765625, -0.30078125, 1.0, 448.0]  # 8 bits of mantissa
     assert to_float8(w).tolist() == [0.1015625, -0.3125, 1.0, 448.0]  # scale 1: e4m3's 3 bits
     for kind in ("bfloat16", "float8"):
         sampler = SAMPLER_WEIGHTS_TABLE[kind](model)
-        assert sampler is not model and models.parameter_digest(sampler) != before
+        assert sampler is not model and presets.parameter_digest(sampler) != before
         assert not any(p.requires_grad for p in sampler.parameters())
-    assert models.parameter_digest(model) == before
+    assert presets.parameter_digest(model) == before
 
 
 @pytest.mark.parametrize("logp_old_from, tis_cap", [("sampler", None), ("trainer", None), ("trainer", 2.0)])

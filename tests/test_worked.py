@@ -6,10 +6,10 @@ import random
 
 import pytest
 
-from labkit.task import problems as task, verifier, worked
+from labkit.task import problems, verifier, worked
 from labkit.task.worked import Chain, score_worked
 
-PROBLEM = task.Problem(41, (35, 12), (30, 7))  # 41 + 35 + 12 - 30 - 7 = 51
+PROBLEM = problems.Problem(41, (35, 12), (30, 7))  # 41 + 35 + 12 - 30 - 7 = 51
 CHAIN = Chain.from_problem(PROBLEM)
 RIGHT = "41 + 35 = 76\n76 + 12 = 88\n88 - 30 = 58\n58 - 7 = 51\n"
 
@@ -19,7 +19,7 @@ def verdict(text, finish="eos", valid_ids=True, chain=CHAIN):
 
 
 def test_the_chain_of_a_protocol_problem_and_its_reference_answer():
-    assert CHAIN == Chain(41, (35, 12, -30, -7)) and CHAIN.target == task.solve(PROBLEM) == 51
+    assert CHAIN == Chain(41, (35, 12, -30, -7)) and CHAIN.target == problems.solve(PROBLEM) == 51
     assert worked.worked_text(CHAIN) == RIGHT + '{"final_stock": 51}'
     v = verdict(worked.worked_text(CHAIN))
     assert (v.reward, v.reason, v.thinks, v.steps_right, v.category) == (1, None, True, True, "correct")
@@ -109,7 +109,7 @@ def test_chains_check_their_rules():
 
 
 def test_fresh_chains_have_k_movements_and_never_meet_the_protocols_problems():
-    keys = frozenset(task.Problem.from_dict(r["problem"]).key for r in task.generate_dataset())
+    keys = frozenset(problems.Problem.from_dict(r["problem"]).key for r in problems.generate_dataset())
     assert len(keys) == 1400
     for k in range(1, worked.MAX_MOVEMENTS + 1):
         chains = worked.fresh_chains(k, 50, seed=7, exclude=keys)

@@ -44,19 +44,20 @@ from pathlib import Path
 import torch
 
 from ..config import TINY, ReasoningConfig
-from ..models import presets as models, rollouts, sampling, scoring, shared_prompt
+from ..models import presets, rollouts, sampling, scoring, shared_prompt
 from ..models.static_sampler import StaticDecoder, sample_static
-from ..grpo import core, loop as grpo, variants
+from ..grpo import core, variants
+from ..grpo.loop import start_loop
 from .sampling import bench_prompts, load_bench_model
 
-WARM_START = models.REPO_ROOT / "runs" / "tiny" / "warm_start" / "model.safetensors"
+WARM_START = presets.REPO_ROOT / "runs" / "tiny" / "warm_start" / "model.safetensors"
 
 
 def load_model():
     """(model, tokenizer, description): the tiny warm start if built, else `bench.sampling`'s choice."""
     if WARM_START.is_file():
-        model, tokenizer = models.load("tiny", state=WARM_START, device="cpu")
-        return model, tokenizer, f"tiny warm start ({WARM_START.relative_to(models.REPO_ROOT)})"
+        model, tokenizer = presets.load("tiny", state=WARM_START, device="cpu")
+        return model, tokenizer, f"tiny warm start ({WARM_START.relative_to(presets.REPO_ROOT)})"
     return load_bench_model()
 
 
@@ -97,7 +98,7 @@ def agreement(reference: list[rollouts.Rollout], other: list[rollouts.Rollout]) 
 def bench_sampling(model, tokenizer, max_new_tokens: int, repeats: int) -> dict:
     """Section 1: the four samplers on one iteration's rollouts, then distinct greedy prompts."""
     _, prompts = bench_prompts(tokenizer, 16)
-    digest = models.parameter_digest(model)
+    digest = presets.parameter_digest(model)
     out = {}
     for case, rows, seeds, greedy in (
         ("one iteration: 4 prompts x G=4, sampled", [p for p in prompts[:4] for _ in range(4)], list(range(16)), False),
@@ -240,7 +241,7 @@ def bench_iteration(max_new_tokens: int, start_file: Path) -> dict:
     for name, sampler, shared in (("protocol (reference sampler, plain)", "reference", False),
                                   ("fast sampler, shared-prompt scoring", "fast", True),
                                   ("static sampler, shared-prompt scoring", "static", True)):
-        loop = grpo.start_loop(config, config.G, 1, start_file, sampler, "cpu",
+        loop = start_loop(config, config.G, 1, start_file, sampler, "cpu",
                                variants.resolve(variants.Variant(), config), shared_prompts=shared)
         record, rows, timings = core.run_iteration(loop, 0, sampler)
         # the reference forward alone, on the same batch, to split "optimisation" into its parts
@@ -276,7 +277,7 @@ def bench_worked(repeats: int) -> dict | None:
 
     skill = thinking_base.default_run_dir("tiny", "skill") / thinking_base.MODEL_FILE
     if not skill.is_file():
-        print(f"\n[5] worked answers: skipped, {skill.relative_to(models.REPO_ROOT)} is not built "
+        print(f"\n[5] worked answers: skipped, {skill.relative_to(presets.REPO_ROOT)} is not built "
               "(`python -m labkit thinking-bases` or `make cache`)")
         return None
     cfg = ReasoningConfig()
@@ -285,7 +286,7 @@ def bench_worked(repeats: int) -> dict | None:
     chosen, seeds = core.draw_prompts(loop)
     rows = [loop.prompts[p["id"]] for p in chosen for _ in range(G)]
     limit = worked.WORKED_MAX_NEW_TOKENS
-    common = dict(max_new_tokens=limit, policy_digest=models.parameter_digest(model))
+    common = dict(max_new_tokens=limit, policy_digest=presets.parameter_digest(model))
     methods = {"fast": lambda: sampling.sample_fast(model, tokenizer, rows, seeds, **common),
                "static": lambda: sample_static(model, tokenizer, rows, seeds, **common),
                "generate()": lambda: generate_rows(model, tokenizer, rows, False, limit)}
@@ -344,7 +345,7 @@ def run(argv: list[str] | None = None) -> dict:
     report = {"sampling": bench_sampling(model, tokenizer, max_new_tokens, repeats),
               "floor": bench_floor(model, repeats),
               "updates": bench_updates(model, tokenizer, (4,) if args.quick else (4, 8), max_new_tokens, repeats)}
-    start_file = WARM_START if WARM_START.is_file() else models.TINY_BASE_STATE
+    start_file = WARM_START if WARM_START.is_file() else presets.TINY_BASE_STATE
     report["iteration"] = bench_iteration(max_new_tokens, start_file)
     report["worked"] = None if args.quick else bench_worked(repeats)
     return report

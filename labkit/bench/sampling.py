@@ -26,18 +26,18 @@ PROMPTS, SEEDS_PER_PROMPT = 4, 4  # one GRPO iteration: 4 prompts x G = 4
 
 def load_bench_model():
     """(model, tokenizer, description): the committed tiny base, else a random-init tiny model."""
-    from ..models import presets as models
+    from ..models import presets
 
-    if models.TINY_BASE_STATE.is_file():
-        model, tokenizer = models.load("tiny", device="cpu")
-        return model, tokenizer, f"tiny base ({models.TINY_BASE_STATE.relative_to(models.REPO_ROOT)})"
+    if presets.TINY_BASE_STATE.is_file():
+        model, tokenizer = presets.load("tiny", device="cpu")
+        return model, tokenizer, f"tiny base ({presets.TINY_BASE_STATE.relative_to(presets.REPO_ROOT)})"
     from ..models.tokenizer import load_tiny_tokenizer
 
     tokenizer = load_tiny_tokenizer()
-    model = models.new_tiny_model(seed=0, tokenizer=tokenizer)
+    model = presets.new_tiny_model(seed=0, tokenizer=tokenizer)
     return model, tokenizer, (
         f"RANDOM-INIT tiny model (seed 0): no committed base at "
-        f"{models.TINY_BASE_STATE.relative_to(models.REPO_ROOT)}"
+        f"{presets.TINY_BASE_STATE.relative_to(presets.REPO_ROOT)}"
     )
 
 

@@ -177,21 +177,21 @@ def run(preset: str = "tiny", state: str | Path | None = None, out: str | Path |
     out defaults to runs/<preset>/sampler_agreement.json; an existing report is
     evidence and is kept unless `overwrite`.  Returns the report.
     """
-    from ..models import presets as models
+    from ..models import presets
 
     out = Path(out) if out is not None else report_path(preset)
     if out.exists() and not overwrite:
         raise RunExistsError(f"{out} exists: a measured report is evidence and is never overwritten; "
                              "choose another --out or pass --overwrite explicitly")
     state = Path(state) if state is not None else default_state(preset)
-    model, tokenizer = models.load(preset, state=state, device=device)
+    model, tokenizer = presets.load(preset, state=state, device=device)
     problem_ids, prompts = load_test_prompts(tokenizer, limit)
     start = time.perf_counter()
     measured = measure(model, tokenizer, problem_ids, prompts, draws, max_new_tokens=max_new_tokens,
                        batch_size=batch_size)
     report = {
         "preset": preset,
-        "policy": {"state": _display(state), "parameter_digest": models.parameter_digest(model)},
+        "policy": {"state": _display(state), "parameter_digest": presets.parameter_digest(model)},
         "problems": len(problem_ids),
         "split": "test (statements only, phase inference)",
         "draws": draws,

@@ -247,7 +247,7 @@ def run_inference(preset: str, policy: str, *, state_file: str | Path | None = N
     explains any such mismatch), so the sampler used is recorded in every row and the manifest.  Refuses to overwrite a finished
     evaluation unless `overwrite`.  Raises ValueError if the policy's digest changes.
     """
-    from ..models import presets as models, sampling
+    from ..models import presets, sampling
 
     check_policy(policy, explicit=state_file is not None and eval_root is not None)
     sampling.get_sampler(sampler)  # refuse an unknown sampler before any work
@@ -263,13 +263,13 @@ def run_inference(preset: str, policy: str, *, state_file: str | Path | None = N
     statements = load_test_statements(limit)
     data.check_path_access(INFERENCE_PHASE, state_file)
     start = time.perf_counter()
-    model, tokenizer = models.load(preset, state=state_file, device=device)
+    model, tokenizer = presets.load(preset, state=state_file, device=device)
     device = str(next(model.parameters()).device)
     load_seconds = time.perf_counter() - start
     start = time.perf_counter()
-    digest = models.parameter_digest(model)
+    digest = presets.parameter_digest(model)
     digest_seconds = time.perf_counter() - start
-    # (models.load has checked the file against the digest it records)
+    # (presets.load has checked the file against the digest it records)
 
     # Stage 2: each mode, timed, with its peak memory; the digest re-checked after each.
     rows, costs = {}, {"device": device, "load_seconds": load_seconds, "digest_seconds": digest_seconds}
@@ -287,7 +287,7 @@ def run_inference(preset: str, policy: str, *, state_file: str | Path | None = N
             costs[mode] = {"seconds": seconds, "responses": len(rows[mode]), "generated_tokens": tokens,
                            "seconds_per_response": seconds / len(rows[mode]),
                            "peak_memory_bytes": peak, "peak_memory_kind": peak_kind}
-            after = models.parameter_digest(model)
+            after = presets.parameter_digest(model)
             if after != digest:
                 raise ValueError(f"policy {policy!r} changed during {mode} generation: digest {digest[:16]}... "
                                  f"became {after[:16]}...; generation must not touch the weights")

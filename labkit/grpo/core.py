@@ -37,7 +37,7 @@ import torch
 from ..lab import state as state_lib
 from ..task import data, problems
 from ..config import SEED_OFFSETS, PresetConfig
-from ..models import presets as models, rollouts, sampling, scoring, shared_prompt
+from ..models import presets, rollouts, sampling, scoring, shared_prompt
 from ..train.schedule import clipped_step, warmup_linear_decay
 from . import losses
 from .variants import Resolved
@@ -110,7 +110,7 @@ def sample_groups(model, tokenizer, chosen: list[dict], prompts: dict[str, list[
     """
     return sampling.sample_groups(
         model, tokenizer, [(p["id"], prompts[p["id"]], p["problem"]) for p in chosen], G, seeds, sampler=sampler,
-        max_new_tokens=max_new_tokens, policy_digest=models.parameter_digest(model),
+        max_new_tokens=max_new_tokens, policy_digest=presets.parameter_digest(model),
         rollout_ids=[f"{stem}{stem_tag}-{j}" for stem in group_stems(chosen, G, iteration) for j in range(G)],
     )
 

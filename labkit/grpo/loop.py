@@ -27,7 +27,7 @@ from ..lab.runtime import deterministic as deterministic_algorithms
 from ..lab.skeleton import Autosave, DeferredInterrupt, holding, refuse_earlier_attempt
 from ..task import data
 from ..config import PresetConfig, get_preset
-from ..models import presets as models
+from ..models import presets
 from . import checkpoint_curves
 from .core import Loop, new_loop, run_iteration
 from .variants import Resolved, Variant, resolve
@@ -61,12 +61,12 @@ def load_roles(config: PresetConfig, start_file: Path, device: str) -> tuple[tor
                                                                               object, str]:
     """The policy and the frozen reference, two loads of one file (eval mode, digests compared);
     returns (policy, reference, tokenizer, their digest)."""
-    model, tokenizer = models.load(config.name, state=start_file, device=device)
-    reference, _ = models.load(config.name, state=start_file, device=device)
+    model, tokenizer = presets.load(config.name, state=start_file, device=device)
+    reference, _ = presets.load(config.name, state=start_file, device=device)
     reference.requires_grad_(False)
     model.eval()
     reference.eval()
-    start_digest, reference_digest = models.parameter_digest(model), models.parameter_digest(reference)
+    start_digest, reference_digest = presets.parameter_digest(model), presets.parameter_digest(reference)
     if start_digest != reference_digest:
         raise RuntimeError(f"policy {start_digest} and reference {reference_digest} differ after loading one file")
     return model, reference, tokenizer, start_digest
@@ -215,7 +215,7 @@ def run_grpo(
         data.check_path_access("learning", start_file)
         began = time.perf_counter()
         loop = start_loop(config, G, total_iterations, start_file, sampler,
-                          device or models.default_device(config.name),
+                          device or presets.default_device(config.name),
                           resolve(variant, config, learned_verifier), shared_prompts)
         first_iteration, first_in_folder = _prepare_folder(folder, loop, resume_from, restart or overwrite,
                                                            stop_after)
@@ -308,17 +308,17 @@ def finish_run(folder: RunFolder, loop: Loop, first_in_folder: int, resume_from:
     """The final checks, model, history and manifest; then FINISHED."""
     if loop.reference.training or any(p.requires_grad for p in loop.reference.parameters()):
         raise RuntimeError("the reference left eval mode or gained gradients")
-    if models.parameter_digest(loop.reference) != loop.reference_digest:
+    if presets.parameter_digest(loop.reference) != loop.reference_digest:
         raise RuntimeError("the reference changed during the run; it must stay frozen")
     rows = read_rollouts(folder.path)  # checked against the ledger before the run is called finished
     end_iteration = summary["iterations_run"][1]
     if len(rows) != loop.config.prompts_per_iteration * loop.G * (end_iteration - first_in_folder + 1):
         raise RuntimeError(f"{folder}: {len(rows)} rollouts on disk, not one per sampled response")
-    final_digest = models.parameter_digest(loop.model)
-    models.save_model(loop.model, folder / "model.safetensors")
+    final_digest = presets.parameter_digest(loop.model)
+    presets.save_model(loop.model, folder / "model.safetensors")
     device = loop.identity["device"]
-    reloaded, _ = models.load(loop.config.name, state=folder / "model.safetensors", device=device)
-    if models.parameter_digest(reloaded) != final_digest:
+    reloaded, _ = presets.load(loop.config.name, state=folder / "model.safetensors", device=device)
+    if presets.parameter_digest(reloaded) != final_digest:
         raise RuntimeError("the saved GRPO model does not reload to the same parameters")
     write_json(folder / "history.json", loop.history)
     folder.register("model.safetensors")

@@ -30,7 +30,7 @@ CACHE_FILE = "cache.json"
 
 
 @dataclass(frozen=True)
-class Step:
+class CacheStep:
     """One step of the protocol: its folder under runs/<preset>/, the code it runs and its other inputs."""
 
     name: str
@@ -48,7 +48,7 @@ class Step:
         return (folder / self.done_file).is_file() if self.done_file else is_finished(folder)
 
 
-def get_step(steps: tuple[Step, ...], name: str) -> Step:
+def _step_named(steps: tuple[CacheStep, ...], name: str) -> CacheStep:
     for s in steps:
         if s.name == name:
             return s
@@ -59,13 +59,13 @@ def runs_dir(preset: str) -> Path:
     return preset_folder(preset)
 
 
-def code_fingerprint(step: Step, sources: Sources) -> dict[str, str]:
+def code_fingerprint(step: CacheStep, sources: Sources) -> dict[str, str]:
     """{"module:symbol": digest} of what `step` runs, in `sources` (its `unrecorded` modules left out)."""
     table = sources.fingerprint(list(step.entries))
     return {k: v for k, v in table.items() if k.partition(":")[0] not in step.unrecorded}
 
 
-def file_digests(step: Step, preset: str, code_root: Path = REPO_ROOT) -> dict[str, str | None]:
+def file_digests(step: CacheStep, preset: str, code_root: Path = REPO_ROOT) -> dict[str, str | None]:
     """SHA-256 of every file input of `step` now (None for a missing file)."""
     out = {}
     for rel in step.files:
@@ -77,7 +77,7 @@ def file_digests(step: Step, preset: str, code_root: Path = REPO_ROOT) -> dict[s
     return out
 
 
-def inputs(step: Step, preset: str, sources: Sources | None = None, code_root: Path = REPO_ROOT) -> dict:
+def inputs(step: CacheStep, preset: str, sources: Sources | None = None, code_root: Path = REPO_ROOT) -> dict:
     """{"code": fingerprint, "files": digests}: what `check` compares with the record."""
     sources = sources if sources is not None else Sources.in_folder(code_root)
     return {"code": code_fingerprint(step, sources), "files": file_digests(step, preset, code_root)}
@@ -88,7 +88,7 @@ def read_cache(preset: str) -> dict:
     return read_json(path) if path.exists() else {}
 
 
-def record(step: Step, preset: str = "tiny") -> dict:
+def record(step: CacheStep, preset: str = "tiny") -> dict:
     """Record the inputs of a freshly built step in runs/<preset>/cache.json."""
     cache = read_cache(preset)
     cache[step.name] = inputs(step, preset)
@@ -101,7 +101,7 @@ def is_byte_record(entry: dict) -> bool:
     return "code" not in entry
 
 
-def check(steps: tuple[Step, ...], preset: str = "tiny", code_root: Path = REPO_ROOT) -> dict[str, dict]:
+def check(steps: tuple[CacheStep, ...], preset: str = "tiny", code_root: Path = REPO_ROOT) -> dict[str, dict]:
     """Per step: {"status": "fresh" | "stale" | "missing" | "unrecorded", "changed": [what]}.
 
     code_root: the folder holding labkit/ and the data (a copy of the repository, in tests)."""
@@ -124,7 +124,7 @@ def check(steps: tuple[Step, ...], preset: str = "tiny", code_root: Path = REPO_
     return verdicts
 
 
-def to_rebuild(steps: tuple[Step, ...], verdicts: dict[str, dict]) -> list[str]:
+def to_rebuild(steps: tuple[CacheStep, ...], verdicts: dict[str, dict]) -> list[str]:
     """The stale steps and every step downstream of one (its upstream files or `then`), in `steps` order.
 
     A rebuilt step changes its output files, so whatever was built from them is stale
@@ -134,12 +134,12 @@ def to_rebuild(steps: tuple[Step, ...], verdicts: dict[str, dict]) -> list[str]:
     grew = True
     while grew:
         grew = False
-        folders = {get_step(steps, n).folder for n in chosen}
+        folders = {_step_named(steps, n).folder for n in chosen}
         for step in steps:
             if step.name in chosen:
                 continue
             upstream_rebuilt = any(rel.split("/")[0] in folders for rel in step.upstream)
-            if upstream_rebuilt or any(step.name in get_step(steps, n).then for n in chosen):
+            if upstream_rebuilt or any(step.name in _step_named(steps, n).then for n in chosen):
                 chosen.add(step.name)
                 grew = True
     return [s.name for s in steps if s.name in chosen]
@@ -160,7 +160,7 @@ class RestampRefused(ValueError):
     """The byte digests a step was recorded with do not prove which code made it."""
 
 
-def restamp(step: Step, preset: str, commit: str, repo: Path = REPO_ROOT) -> dict:
+def restamp(step: CacheStep, preset: str, commit: str, repo: Path = REPO_ROOT) -> dict:
     """The fingerprint record of a step that was recorded by file bytes, computed from exactly the code
     that made it.
 

@@ -33,9 +33,10 @@ import torch
 
 from ..lab.runs import REPO_ROOT, RunFolder, preset_folder, read_json, write_json
 from ..lab.runtime import code_digests, deterministic, environment, hashed_seed, seed_everything
-from ..task import data, problems as task
+from ..task import data
+from ..task.problems import FORMAT_INSTRUCTION, solve
 from ..config import FormatBaseConfig
-from ..models import presets as models, sampling, scoring
+from ..models import presets, sampling, scoring
 from ..train import answer_phase
 from ..train import corpus as corpus_mod
 from ..train.schedule import lm_update
@@ -50,8 +51,8 @@ def lab_format_document(source: corpus_mod.CorpusGenerator) -> corpus_mod.Docume
     w = corpus_mod._Writer()
     w.write(corpus_mod.CHAT_USER)
     w.write(source.statement(p), drawn=True)
-    w.write("\n" + task.FORMAT_INSTRUCTION + corpus_mod.CHAT_ASSISTANT + '{"final_stock": ')
-    answer_span = w.write(str(task.solve(p)))
+    w.write("\n" + FORMAT_INSTRUCTION + corpus_mod.CHAT_ASSISTANT + '{"final_stock": ')
+    answer_span = w.write(str(solve(p)))
     w.write("}" + corpus_mod.CHAT_END)
     return w.document("lab_format", [p.key], answer_span)
 
@@ -142,17 +143,17 @@ def run_format_base(preset: str = "tiny", run_dir: str | Path | None = None, *, 
     folder.clear((MODEL_FILE, "log.json", "manifest.json"))
     began = time.perf_counter()
     seed_everything(cfg.seed)
-    model, tokenizer = models.load(preset)  # the committed base, checked against its recorded digest
-    start_digest = models.parameter_digest(model)
+    model, tokenizer = presets.load(preset)  # the committed base, checked against its recorded digest
+    start_digest = presets.parameter_digest(model)
     with deterministic("cpu", warn_only=True):
         result = train(model, tokenizer, cfg, validation_problems(), progress)
-    models.save_model(model, folder / MODEL_FILE)
+    presets.save_model(model, folder / MODEL_FILE)
     write_json(folder / "log.json", result["log"])
     measured = [r for r in result["log"] if r["kind"] == "measure"]
     manifest = {
         "step": "format_base", "preset": preset, "config": asdict(cfg),
-        "start_model": {"file": str(models.TINY_BASE_STATE.relative_to(REPO_ROOT)), "parameter_digest": start_digest},
-        "final_digest": models.parameter_digest(model),
+        "start_model": {"file": str(presets.TINY_BASE_STATE.relative_to(REPO_ROOT)), "parameter_digest": start_digest},
+        "final_digest": presets.parameter_digest(model),
         "counts": {k: result[k] for k in ("steps", "documents", "lab_format_documents", "problems_checked")},
         "format_share": {"before": measured[0], "after": measured[-1]},
         "code_sha256": code_digests(), "environment": environment("cpu"),

@@ -216,15 +216,15 @@ def gradient_noise(model, tokenizer, pool: list[dict], *, P: int = NOISE_PROMPTS
 def run_study(preset: str = "tiny", out: str | Path | None = None, progress: bool = True) -> dict:
     """Both measurements on the warm start; written atomically to runs/<preset>/gradient_study/results.json
     (never over a finished one: move it aside first)."""
-    from ..grpo import core, loop as grpo
-    from ..models import presets as models
+    from ..grpo import core, loop
+    from ..models import presets
     from ..lab.runs import RunFolder, preset_folder, sha256_file, write_json
 
     torch.manual_seed(STUDY_SEED)
     folder = RunFolder(out if out is not None else preset_folder(preset, "gradient_study"))
     folder.open_for_writing()
-    start = grpo.warm_start_file(preset)
-    model, tokenizer = models.load(preset, state=start)
+    start = loop.warm_start_file(preset)
+    model, tokenizer = presets.load(preset, state=start)
     pool = core.load_pool()
     began = time.perf_counter()
     cases = []

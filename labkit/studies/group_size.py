@@ -31,7 +31,7 @@ import torch
 from ..lab.runs import (REPO_ROOT, RunExistsError, display_path, dumps_json, is_finished, mark_finished, preset_folder,
                    read_json, sha256_bytes, sha256_file, write_json)
 from ..config import QWEN, SEED_OFFSETS, PresetConfig, get_preset
-from ..grpo import core, loop as grpo, losses
+from ..grpo import core, loop, losses
 from ..grpo.losses import expected_frac_reward_zero_std
 
 BRANCH_GROUP_SIZES = (2, 8)
@@ -50,7 +50,7 @@ def runs_root_of(preset: str) -> Path:
 def branch_dir(runs_root: str | Path, G: int) -> Path:
     """runs/<preset>/grpo_g<G> (grpo for G=4, the main run), as `grpo.default_run_dir` names them (the
     name depends on G alone: every preset's G is 4)."""
-    return Path(runs_root) / grpo.default_run_dir(QWEN.name, G).name
+    return Path(runs_root) / loop.default_run_dir(QWEN.name, G).name
 
 
 # -- 1. Constant groups, with constructed rewards --------------------------------------------
@@ -142,7 +142,7 @@ def check_branch_manifest(manifest: dict, config: PresetConfig, G: int, iteratio
 
 def run_branch(config: PresetConfig, G: int, run_dir: Path, *, iterations: int = BRANCH_ITERATIONS,
                start_file=None, sampler: str = "reference", device=None, progress: bool = True) -> dict:
-    """One exercise branch: `grpo.run_grpo` with G = G for `iterations` (the main run's loop).
+    """One exercise branch: `loop.run_grpo` with G = G for `iterations` (the main run's loop).
 
     A finished branch is never rerun or overwritten: its manifest is checked and returned
     with "reused": True.
@@ -152,7 +152,7 @@ def run_branch(config: PresetConfig, G: int, run_dir: Path, *, iterations: int =
         manifest = read_json(run_dir / "manifest.json")
         check_branch_manifest(manifest, config, G, iterations)
         return {**manifest, "reused": True}
-    manifest = grpo.run_grpo(config, run_dir, G=G, iterations=iterations, start_file=start_file,
+    manifest = loop.run_grpo(config, run_dir, G=G, iterations=iterations, start_file=start_file,
                              sampler=sampler, device=device, progress=progress, restart=True)
     return {**manifest, "reused": False}
 
@@ -217,9 +217,9 @@ def grpo_budget_row(run_dir: str | Path, name: str, config: PresetConfig) -> dic
     run_dir = Path(run_dir)
     manifest = read_json(run_dir / "manifest.json")
     history = read_json(run_dir / "history.json")
-    rollouts = grpo.read_rollouts(run_dir)
+    rollouts = loop.read_rollouts(run_dir)
     G = manifest["identity"]["G"]
-    timings = grpo.read_timings(run_dir)
+    timings = loop.read_timings(run_dir)
     row = {
         "policy": name,
         "kind": "grpo",
@@ -289,14 +289,14 @@ def warm_start_validation_success(config: PresetConfig, start_file: str | Path, 
     for the evaluation of the final policies.  `limit` keeps the first N problems (tests).
     """
     from ..task import data
-    from ..models import presets as models, sampling, scoring
+    from ..models import presets, sampling, scoring
     from ..task.verifier import score
 
     data.check_path_access("learning", start_file)
     began = time.perf_counter()
     statements = data.open_records("statements", "validation", "learning")[:limit]
     labels = {r["id"]: r for r in data.open_records("labels", "validation", "learning")}
-    model, tokenizer = models.load(config.name, state=start_file, device=device or models.default_device(config.name))
+    model, tokenizer = presets.load(config.name, state=start_file, device=device or presets.default_device(config.name))
     model.eval()
     generator = torch.Generator().manual_seed(config.seed + VALIDATION_DRAW_SEED_OFFSET)
     seeds = torch.randint(0, core.SEED_RANGE, (len(statements) * draws,), generator=generator).tolist()
@@ -587,7 +587,7 @@ def run_branches(config: PresetConfig, runs_root: Path, group_sizes: tuple[int, 
     if resume_checks:
         for G, (name, folder) in zip(group_sizes, dirs.items()):
             if not (folder / "resume_report.json").exists():
-                report = grpo.resume_check(config, G=G, stop_at=RESUME_STOP_AT, run_dir=folder,
+                report = loop.resume_check(config, G=G, stop_at=RESUME_STOP_AT, run_dir=folder,
                                            sampler=sampler, device=device)
                 if not report["equal"]:
                     raise RuntimeError(f"{name}: the resumed run differs from the continuous one: "
@@ -633,7 +633,7 @@ def run_exercise(
     if (resume_checks or evaluate) and not preset_run:
         raise ValueError("resume checks and evaluation run the preset's own commands on runs/<preset>; "
                          "with another config, start file or runs folder pass resume_checks=False, evaluate=False")
-    start_file = Path(start_file) if start_file is not None else grpo.warm_start_file(config.name)
+    start_file = Path(start_file) if start_file is not None else loop.warm_start_file(config.name)
     main_dir = branch_dir(runs_root, MAIN_GROUP_SIZE)
     if sampler is None:  # the main run's sampler, so that the branches run the same loop
         sampler = read_json(main_dir / "manifest.json")["identity"]["sampler"] if is_finished(main_dir) else "reference"

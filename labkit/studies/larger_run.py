@@ -91,13 +91,13 @@ def policy_file(preset: str, policy: str) -> Path:
 
 def train(preset: str = "tiny", *, device: str | None = None, progress: bool = True, overwrite: bool = False) -> dict:
     """The larger run's training (labkit.grpo.loop.run_grpo with the larger config), a state saved halfway."""
-    from ..grpo import loop as grpo
+    from ..grpo import loop
 
     config = larger_config(preset)
     # an attempt that a crash or a Ctrl-C ended goes on from its newest state; anything else starts afresh
     folder = RunFolder(run_dir(preset))
-    resume = not overwrite and not folder.is_finished() and grpo.newest_state(folder) is not None
-    return grpo.run_grpo(config, run_dir(preset), sampler=SAMPLER, shared_prompts=True, device=device,
+    resume = not overwrite and not folder.is_finished() and loop.newest_state(folder) is not None
+    return loop.run_grpo(config, run_dir(preset), sampler=SAMPLER, shared_prompts=True, device=device,
                          save_states_at=(config.grpo_iterations // 2,), progress=progress, overwrite=overwrite,
                          resume=resume, restart=not resume)
 

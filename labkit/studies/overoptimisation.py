@@ -65,8 +65,9 @@ from ..lab.runs import (REPO_ROOT, ArtifactError, RunFolder, preset_folder, read
 from ..lab.runtime import code_digests, data_digests, deterministic, environment, hashed_seed
 from ..task import data
 from ..task.verifier import score
-from ..models import presets as models, sampling, scoring
-from ..grpo import core, loop as grpo, losses, variants
+from ..models import presets, sampling, scoring
+from ..grpo import core, losses, variants
+from ..grpo.loop import CHECKPOINTS_PART, _iterate, _prepare_folder, finish_run, newest_state, read_rollouts, start_loop, warm_start_file
 from ..grpo.variants import Variant
 from .larger_run import larger_config
 from . import reward_model
@@ -165,7 +166,7 @@ def sample_features(preset: str, judge: str, rows: list[dict]) -> torch.Tensor:
     are the reward-model run's own (recorded in its samples); the base's are computed here."""
     if judge == "warm_start":
         return torch.tensor([[r["features"][f] for f in reward_model.FEATURES] for r in rows], dtype=torch.float64)
-    model, tokenizer = models.load(preset, state=judge_file(preset, judge))
+    model, tokenizer = presets.load(preset, state=judge_file(preset, judge))
     statements = _train_statements()
     prompts = {pid: scoring.build_prompt_ids(tokenizer, statements[pid]) for pid in {r["problem_id"] for r in rows}}
     return reward_model.judge_features(model.eval(), [prompts[r["problem_id"]] for r in rows],
@@ -242,7 +243,7 @@ def load_proxy(name: str, preset: str = "tiny", judge_model=None, tokenizer=None
             raise ArtifactError(f"{file}: SHA-256 differs from the {digest[:16]}... proxies.json records; rebuild "
                                 f"with `python -m labkit overoptimisation --overwrite`")
     if judge_model is None or tokenizer is None:
-        judge_model, tokenizer = models.load(preset, state=judge)
+        judge_model, tokenizer = presets.load(preset, state=judge)
         judge_model.requires_grad_(False)
     t = load_file(str(path))
     verifier = reward_model.LearnedVerifier(judge_model.eval(), tokenizer.pad_token_id, tokenizer.eos_token_id,
@@ -293,7 +294,7 @@ def validation_problems(tokenizer) -> list[dict]:
 def run_best_of_n(preset: str = "tiny", progress: bool = True) -> list[dict]:
     """The warm start's 32 draws per validation problem, verified and scored by every proxy."""
     config = larger_config(preset)
-    model, tokenizer = models.load(preset, state=grpo.warm_start_file(preset))
+    model, tokenizer = presets.load(preset, state=warm_start_file(preset))
     problems = validation_problems(tokenizer)
     D = BEST_OF_N_DRAWS
     t0 = time.perf_counter()
@@ -395,7 +396,7 @@ class ValidationCurves:
         if not (iteration % self.every == 0 or iteration == self.total):
             return 0.0
         t0 = time.perf_counter()
-        folder.append(grpo.CHECKPOINTS_PART, [self.measure(iteration)])
+        folder.append(CHECKPOINTS_PART, [self.measure(iteration)])
         return time.perf_counter() - t0
 
 
@@ -443,28 +444,28 @@ def run_setting(setting: Setting, preset: str = "tiny", progress: bool = False, 
         folder = folder.open_for_writing(False)
         try:
             proxy = load_proxy(setting.proxy, preset)  # the proxy this run optimises (reward "learned")
-            loop = grpo.start_loop(config, config.G, setting.iterations, grpo.warm_start_file(preset),
+            loop = start_loop(config, config.G, setting.iterations, warm_start_file(preset),
                                    "fast", "cpu", variants.resolve(variant, config, proxy), shared_prompts=True)
             loop.identity.update(proxy=setting.proxy)
-            resume_from = grpo.newest_state(folder)
-            first, first_in_folder = grpo._prepare_folder(folder, loop, resume_from, True, None)
+            resume_from = newest_state(folder)
+            first, first_in_folder = _prepare_folder(folder, loop, resume_from, True, None)
             curves = ValidationCurves(loop, proxy, setting.iterations, setting.curve_every)
-            grpo._iterate(folder, loop, first, setting.iterations, (), "fast", progress, curves)
-            grpo.finish_run(folder, loop, first_in_folder, resume_from,
+            _iterate(folder, loop, first, setting.iterations, (), "fast", progress, curves)
+            finish_run(folder, loop, first_in_folder, resume_from,
                             {"iterations_run": [first, setting.iterations], "state_files": [],
                              "seconds": time.perf_counter() - began})
         finally:
             folder.release()
     folder = RunFolder(folder_path)
     history = read_json(folder_path / "history.json")
-    rows = grpo.read_rollouts(folder_path)
+    rows = read_rollouts(folder_path)
     labels = {r["id"]: r for r in data.open_records("labels", "train", "learning")}
     manifest = read_json(folder_path / "manifest.json")
     record = {
         "setting": asdict(setting), "proxy": read_json(root(preset) / "proxies.json")[setting.proxy],
         "config": {k: config.to_dict()[k] for k in ("prompts_per_iteration", "G", "grpo_lr", "kl_coef")},
         "variant": variant.to_dict(),
-        "curves": folder.read_part(grpo.CHECKPOINTS_PART),
+        "curves": folder.read_part(CHECKPOINTS_PART),
         "training": [{"iteration": h["iteration"], "true": h["reward"], "proxy": h["optimised_reward"],
                       "kl_per_token": h["kl"]} for h in history],
         "early": _fooled_in_window(rows, range(1, FOOLED_WINDOW + 1), labels),

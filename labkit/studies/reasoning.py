@@ -49,8 +49,9 @@ from ..lab.runs import REPO_ROOT, RunFolder, sha256_file, atomic_write_bytes, pr
 from ..lab.runtime import code_digests, deterministic, environment, seed_everything
 from ..task import worked
 from ..config import TINY, ReasoningConfig
-from ..models import presets as models, sampling
-from ..grpo import core, loop as grpo
+from ..models import presets, sampling
+from ..grpo import core
+from ..grpo.loop import load_roles
 from ..grpo import variants
 from ..grpo.variants import Variant
 from ..eval import think_profile
@@ -140,7 +141,7 @@ def new_loop(run: ReasoningRun, cfg: ReasoningConfig, start: Path) -> core.Loop:
     """The lab's loop on the worked task: policy and reference from `start`, AdamW, the chain pool."""
     config = preset_config(cfg)
     seed_everything(config.seed)
-    model, reference, tokenizer, digest = grpo.load_roles(config, start, "cpu")
+    model, reference, tokenizer, digest = load_roles(config, start, "cpu")
     pool = chain_pool(cfg.train_chains_per_k)
     resolved = variants.resolve(Variant(length_penalty=run.length_penalty), config)
     identity = {"task": "stock-arithmetic-worked", "run": asdict(run), "reasoning_config": asdict(cfg),
@@ -170,7 +171,7 @@ def sample_iteration(loop: core.Loop, iteration: int, reward) -> core.Sampled:
         loop.model, loop.tokenizer, [loop.prompts[p["id"]] for p in chosen for _ in range(G)], seeds,
         max_new_tokens=worked.WORKED_MAX_NEW_TOKENS, problem_ids=[p["id"] for p in chosen for _ in range(G)],
         rollout_ids=[f"{stem}-{j}" for stem in core.group_stems(chosen, G, iteration) for j in range(G)],
-        policy_digest=models.parameter_digest(loop.model))
+        policy_digest=presets.parameter_digest(loop.model))
     groups = []
     for k, p in enumerate(chosen):
         mine = rollouts[k * G:(k + 1) * G]
@@ -270,7 +271,7 @@ def train(name: str, preset: str = "tiny", cfg: ReasoningConfig | None = None, *
             loop.model, loop.tokenizer, thinking_base.held_out_chains(thinking_base.TEST_SEED,
                                                                       thinking_base.PROFILE_CHAINS_PER_K),
             cfg.profile_draws, thinking_base.TEST_SEED)
-    models.save_model(loop.model, folder / MODEL_FILE)
+    presets.save_model(loop.model, folder / MODEL_FILE)
     write_json(folder / "history.json", loop.history)
     (folder / "history.partial.jsonl").unlink(missing_ok=True)
     write_json(folder / "checkpoints.json", checkpoints)
@@ -281,7 +282,7 @@ def train(name: str, preset: str = "tiny", cfg: ReasoningConfig | None = None, *
         sort_keys=True).encode(), mtime=0))
     manifest = {"step": "reasoning", "run": asdict(run), "config": asdict(cfg), "preset": preset,
                 "start_model": {"file": str(start.relative_to(REPO_ROOT)), "parameter_digest": loop.identity["start_digest"]},
-                "final_digest": models.parameter_digest(loop.model), "test_profile": summary,
+                "final_digest": presets.parameter_digest(loop.model), "test_profile": summary,
                 "code_sha256": code_digests(), "environment": environment("cpu"),
                 "times": {"train_seconds": trained, "total_seconds": time.perf_counter() - began}}
     for file in (MODEL_FILE, "history.json", "checkpoints.json", "rollouts.jsonl.gz", "profile.json.gz"):

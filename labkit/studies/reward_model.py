@@ -49,7 +49,7 @@ from ..lab.runs import REPO_ROOT, RunFolder, preset_folder, read_jsonl, sha256_f
 from ..lab.runtime import code_digests, data_digests, deterministic, environment, hashed_seed, seed_everything
 from ..task import data
 from ..config import RewardModelConfig
-from ..models import presets as models, sampling, scoring
+from ..models import presets, sampling, scoring
 from ..eval import evaluate
 
 POLICIES = ("warm_start", "sft")  # whose responses the reward model learns to judge
@@ -180,7 +180,7 @@ def save_verifier(verifier: LearnedVerifier, path: Path) -> str:
 
     from ..lab.runs import atomic_write_bytes
 
-    data_bytes = models.canonical_safetensors(save(verifier.tensors(), metadata={"format": "pt"}))
+    data_bytes = presets.canonical_safetensors(save(verifier.tensors(), metadata={"format": "pt"}))
     atomic_write_bytes(path, data_bytes)
     return hashlib.sha256(data_bytes).hexdigest()
 
@@ -213,7 +213,7 @@ def load_verifier(preset: str, run_dir: str | Path | None = None, device: str | 
         raise ValueError(f"{judge_path} is not the judge {folder} was trained with (SHA-256 differs from "
                          f"{manifest['judge']['sha256'][:16]}...); rebuild it with `python -m labkit reward-model "
                          f"--preset {preset} --overwrite`")
-    judge, tokenizer = models.load(preset, state=judge_path, device=device)
+    judge, tokenizer = presets.load(preset, state=judge_path, device=device)
     judge.requires_grad_(False)
     t = load_file(str(folder / MODEL_FILE))
     verifier = LearnedVerifier(judge.eval(), tokenizer.pad_token_id, tokenizer.eos_token_id,
@@ -230,7 +230,7 @@ def sample_responses(preset: str, cfg: RewardModelConfig, problems: list[dict], 
     """One row per response: each policy answers each problem `draws_per_problem` times, verified."""
     rows = []
     for policy in POLICIES:
-        model, tokenizer = models.load(preset, state=evaluate.policy_state_file(preset, policy))
+        model, tokenizer = presets.load(preset, state=evaluate.policy_state_file(preset, policy))
         items = [(p["id"], scoring.build_prompt_ids(tokenizer, p["statement"]), p["problem"]) for p in problems]
         seeds = [sample_seed(policy, p["id"], d) for p in problems for d in range(cfg.draws_per_problem)]
         t0 = time.perf_counter()
@@ -274,7 +274,7 @@ def run_reward_model(preset: str = "tiny", run_dir: str | Path | None = None, *,
     judge_path = evaluate.policy_state_file(preset, JUDGE)
     with deterministic("cpu", warn_only=True):
         rows = sample_responses(preset, cfg, problems, progress)
-        judge, tokenizer = models.load(preset, state=judge_path)
+        judge, tokenizer = presets.load(preset, state=judge_path)
         prompts = {p["id"]: scoring.build_prompt_ids(tokenizer, p["statement"]) for p in problems}
         features = judge_features(judge, [prompts[r["problem_id"]] for r in rows], [r["response_ids"] for r in rows],
                                   tokenizer.pad_token_id, tokenizer.eos_token_id)  # (N, F)

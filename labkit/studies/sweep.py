@@ -18,7 +18,7 @@ use all three.  For each run:
    the fingerprint of what a run's code does (`code_digest`: what `run_one` reaches, without
    docstrings, comments or layout; runs named before it are found through RESTAMPED);
 2. a finished folder is read, never rerun: asking again for a finished configuration costs nothing;
-3. a missing one is trained (`grpo.run_grpo` with the variant) and evaluated exactly as the
+3. a missing one is trained (`loop.run_grpo` with the variant) and evaluated exactly as the
    protocol's policies are (`evaluate.run_inference`: greedy and 4 draws on the 200 test problems,
    into <run>/evaluation/), in a worker process; what they share (the finished warm start) is
    checked before the fan-out.
@@ -38,6 +38,7 @@ from concurrent.futures import ProcessPoolExecutor, as_completed
 from pathlib import Path
 
 from ..lab.runs import REPO_ROOT, RunFolder, preset_folder, read_json, sha256_file, write_json
+from ..lab.runtime import LEARNING_DATA_FILES, data_digests
 from ..grpo.variants import Variant, needs_learned_verifier
 
 DEFAULT_FILE = REPO_ROOT / "sweeps" / "chapter9.json"
@@ -47,6 +48,7 @@ STARTS = ("warm_start", "base", "format_base")  # steps whose finished model a r
 # iteration, G, iterations, learning rate), the clip, the KL coefficient and the run's seed.
 CONFIG_KEYS = ("prompts_per_iteration", "G", "grpo_iterations", "grpo_lr", "clip_eps", "kl_coef", "seed")
 SAMPLERS = ("reference", "fast")
+DATA_FILES = (*LEARNING_DATA_FILES, "test.statements.jsonl", "test.labels.jsonl")  # a run trains, then is tested
 
 
 def results_file(sweep_file: str | Path) -> str:
@@ -211,12 +213,12 @@ def load_starts(path: str | Path) -> dict[str, str]:
 
 def start_model(preset: str, start: str) -> Path:
     """The finished model of step `start` (runs/<preset>/<start>/model.safetensors)."""
-    from ..grpo import loop as grpo
+    from ..grpo import loop
 
     if start not in STARTS:
         raise ValueError(f"start {start!r}: expected one of {STARTS}")
     if start == "warm_start":
-        return grpo.warm_start_file(preset)
+        return loop.warm_start_file(preset)
     folder = RunFolder(preset_folder(preset, start))
     if not folder.is_finished():
         raise FileNotFoundError(f"{folder} has no finished run to start from; build it first (`make cache`)")
@@ -233,7 +235,7 @@ def fingerprint(spec: dict, code: str | None = None) -> str:
     identity = {"config": config.to_dict(), "variant": spec["options"], "G": spec["G"],
                 "iterations": spec["iterations"], "sampler": spec["sampler"],
                 "start_sha256": sha256_file(spec["start_file"]), "code": code or code_digest(),
-                "data_sha256": data_digests(),
+                "data_sha256": data_digests(DATA_FILES),
                 # only where a file asks for it, so that chapter 9's runs keep the fingerprints they had
                 **({"shared_prompts": True} if spec.get("shared_prompts") else {}),
                 # the proxy a learned-reward run optimises makes its numbers too
@@ -260,12 +262,6 @@ def code_digest(sources=None) -> str:
 _CODE_DIGEST: list[str] = []  # one process reads the package once
 
 
-def data_digests() -> dict[str, str]:
-    from ..task.data import DATA_DIR
-
-    return {f"data/stock_arithmetic_v1/{p.name}": sha256_file(p) for p in sorted(DATA_DIR.glob("*.jsonl"))}
-
-
 def learned_verifier(variant: Variant, preset: str):
     """The learned verifier a run of `variant` optimises (its digests checked), or None."""
     if not needs_learned_verifier(variant):
@@ -282,7 +278,7 @@ def run_one(spec: dict) -> dict:
     import torch
 
     from ..eval import evaluate
-    from ..grpo import loop as grpo
+    from ..grpo import loop
     from ..config import get_preset
 
     torch.set_num_threads(spec.get("threads", 1))
@@ -292,7 +288,7 @@ def run_one(spec: dict) -> dict:
     if not RunFolder(folder).is_finished():
         config = get_preset(spec["preset"]).with_overrides(**spec.get("config_overrides", {}))
         variant = Variant.from_dict(spec["options"])
-        grpo.run_grpo(config, folder, G=spec["G"], iterations=spec["iterations"],
+        loop.run_grpo(config, folder, G=spec["G"], iterations=spec["iterations"],
                       start_file=spec["start_file"], sampler=spec["sampler"], progress=False, restart=True,
                       variant=variant, learned_verifier=learned_verifier(variant, spec["preset"]),
                       shared_prompts=spec.get("shared_prompts", False))
@@ -377,7 +373,7 @@ def legacy_fingerprint(spec: dict, inputs_sha256: dict[str, str]) -> str:
     return hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()[:12]
 
 
-def restamp(specs: list[dict], inputs_sha256: dict[str, str], sources, commit: str) -> list[tuple[str, str]]:
+def restamp_runs(specs: list[dict], inputs_sha256: dict[str, str], sources, commit: str) -> list[tuple[str, str]]:
     """Record each finished run of `specs` whose folder is named by the old fingerprint of the code of
     `commit` (inputs_sha256: that commit's files, checked by the caller) under the new fingerprint of the
     same commit's code (`sources`); returns [(old folder, new name)].  A run under no such name is left

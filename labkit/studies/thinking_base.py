@@ -51,9 +51,9 @@ import torch
 
 from ..lab.runs import REPO_ROOT, RunFolder, atomic_write_bytes, preset_folder, sha256_file, read_json, write_json
 from ..lab.runtime import code_digests, deterministic, environment, seed_everything
-from ..task import problems as task, worked
+from ..task import problems, worked
 from ..config import ReasoningConfig, ThinkingBaseConfig, ThinkingPhase
-from ..models import presets as models
+from ..models import presets
 from ..train import answer_phase
 from ..train import corpus as corpus_mod
 from ..train.pretrain import batch_tensors, pack_rows, tokenize_document
@@ -101,7 +101,7 @@ class DocumentStream:
 
     def chain(self) -> worked.Chain:
         k = self.rng.randint(1, worked.MAX_MOVEMENTS)
-        high = task.OOD_MAX if self.rng.random() < OOD_SHARE else task.ID_MAX
+        high = problems.OOD_MAX if self.rng.random() < OOD_SHARE else problems.ID_MAX
         while True:
             chain = worked.random_chain(self.rng, k, high)
             if chain is not None and worked.chain_key(chain) not in self.forbidden:
@@ -206,7 +206,7 @@ def default_run_dir(preset: str, name: str) -> Path:
 def start_file(preset: str, phase: ThinkingPhase) -> Path:
     """The model a phase continues: the committed base, or another thinking base (finished, digest checked)."""
     if phase.start == "committed":
-        return models.TINY_BASE_STATE
+        return presets.TINY_BASE_STATE
     folder = RunFolder(default_run_dir(preset, phase.start))
     folder.manifest()  # refuses a base that is missing, unfinished, edited or damaged
     folder.check_file(MODEL_FILE)
@@ -226,14 +226,14 @@ def build_base(name: str, preset: str = "tiny", cfg: ThinkingBaseConfig | None =
     folder.clear((MODEL_FILE, "log.json", "log.partial.jsonl", "profile.json.gz", "manifest.json"))
     began = time.perf_counter()
     seed_everything(cfg.seed + index)
-    model, tokenizer = models.load(preset, state=source)
-    start_digest = models.parameter_digest(model)
+    model, tokenizer = presets.load(preset, state=source)
+    start_digest = presets.parameter_digest(model)
     with deterministic("cpu", warn_only=True):
         result = train_phase(model, tokenizer, cfg, phase, index, progress, watch=folder / "log.partial.jsonl")
         trained = time.perf_counter() - began
         summary, rows = measure(model, tokenizer, held_out_chains(TEST_SEED, PROFILE_CHAINS_PER_K),
                                 cfg.profile_draws, TEST_SEED)
-    models.save_model(model, folder / MODEL_FILE)
+    presets.save_model(model, folder / MODEL_FILE)
     write_json(folder / "log.json", result["log"])
     (folder / "log.partial.jsonl").unlink(missing_ok=True)
     atomic_write_bytes(folder / "profile.json.gz", gzip.compress(json.dumps(
@@ -242,7 +242,7 @@ def build_base(name: str, preset: str = "tiny", cfg: ThinkingBaseConfig | None =
         "step": "thinking_base", "base": name, "preset": preset, "phase": asdict(phase),
         "config": {k: v for k, v in asdict(cfg).items() if k != "phases"},
         "start_model": {"file": str(source.relative_to(REPO_ROOT)), "parameter_digest": start_digest},
-        "final_digest": models.parameter_digest(model),
+        "final_digest": presets.parameter_digest(model),
         "documents": result["counts"], "steps": result["steps"],
         "test_profile": summary,
         "code_sha256": code_digests(), "environment": environment("cpu"),

@@ -33,12 +33,12 @@ def validation_profile(config: PresetConfig, state_file: str | Path, draws: int 
     of one file is reproducible on one machine.
     """
     from ..task import data
-    from ..models import presets as models, sampling, scoring
+    from ..models import presets, sampling, scoring
     from ..task.verifier import score
 
     statements = data.open_records("statements", "validation", "learning")
     labels = {r["id"]: r for r in data.open_records("labels", "validation", "learning")}
-    model, tokenizer = models.load(config.name, state=state_file)
+    model, tokenizer = presets.load(config.name, state=state_file)
     prompts = [scoring.build_prompt_ids(tokenizer, s["statement"], config.max_prompt_tokens) for s in statements]
     ids = [s["id"] for s in statements]
 
@@ -81,35 +81,35 @@ def _trials(key: str, rates: list[float], train, base: PresetConfig = TINY, pref
 
 def tune_warm_start(rates: list[float], base_file: str | Path) -> list[dict]:
     """One protocol warm start (48 updates) per rate from `base_file`; the validation profile of each."""
-    from ..models import presets as models
+    from ..models import presets
     from ..train import sft
 
     return _trials("sft_lr", rates, lambda config, run_dir: sft.run_branch(
-        config, "warm_start", run_dir, model_factory=lambda: models.load("tiny", state=base_file),
+        config, "warm_start", run_dir, model_factory=lambda: presets.load("tiny", state=base_file),
         start_description=str(base_file), overwrite=True, progress=False, greedy_eval=False))
 
 
 def tune_grpo(rates: list[float], warm_file: str | Path) -> list[dict]:
     """One protocol GRPO run (100 iterations) per rate from `warm_file`; the validation profile of each."""
-    from ..grpo import loop as grpo
+    from ..grpo import loop
 
-    return _trials("grpo_lr", rates, lambda config, run_dir: grpo.run_grpo(
+    return _trials("grpo_lr", rates, lambda config, run_dir: loop.run_grpo(
         config, run_dir, start_file=warm_file, overwrite=True, progress=False))
 
 
 def tune_grpo_large(rates: list[float], warm_file: str | Path) -> list[dict]:
     """One larger run (labkit.studies.larger_run: 32 prompts x G=8, 100 iterations) per rate from `warm_file`;
     the validation profile of each, and its fixed-prompt curve's last exact KL."""
-    from ..grpo import loop as grpo
+    from ..grpo import loop
     from . import larger_run
 
     def train(config, run_dir):
-        grpo.run_grpo(config, run_dir, start_file=warm_file, overwrite=True, progress=False,
+        loop.run_grpo(config, run_dir, start_file=warm_file, overwrite=True, progress=False,
                       sampler=larger_run.SAMPLER, shared_prompts=True)
 
     rows = _trials("grpo_lr", rates, train, base=larger_run.larger_config("tiny"), prefix="large-")
     for row in rows:
-        curve = grpo.read_checkpoints(TUNE_DIR / f"large-grpo_lr-{row['grpo_lr']:g}")
+        curve = loop.read_checkpoints(TUNE_DIR / f"large-grpo_lr-{row['grpo_lr']:g}")
         row["final_kl"] = curve[-1]["kl"] if curve else None
     return rows
 

@@ -20,7 +20,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from ..lab.runs import REPO_ROOT, ArtifactError, atomic_write_text, read_json, read_jsonl, sha256_file, write_jsonl
-from . import problems as task
+from . import problems
 
 DATA_DIR = REPO_ROOT / "data" / "stock_arithmetic_v1"
 SPLITS = ("train", "validation", "test")
@@ -132,10 +132,10 @@ def split_records(records: list[dict]) -> dict[tuple[str, str], list[dict]]:
     return out
 
 
-def write_dataset(data_dir: Path = DATA_DIR, seed: int = task.DEFAULT_SEED) -> list[Path]:
+def write_dataset(data_dir: Path = DATA_DIR, seed: int = problems.DEFAULT_SEED) -> list[Path]:
     """Generate the dataset from `seed` and write the six files; returns their paths."""
     paths = []
-    for (kind, split), rows in split_records(task.generate_dataset(seed)).items():
+    for (kind, split), rows in split_records(problems.generate_dataset(seed)).items():
         paths.append(write_jsonl(Path(data_dir) / file_name(kind, split), rows))
     atomic_write_text(Path(data_dir) / DIGESTS_FILE,
                       "".join(f"{sha256_file(p)}  {p.name}\n" for p in sorted(paths)))

@@ -34,6 +34,7 @@ import torch
 
 from ..config import AnswerPhaseConfig
 from ..lab.state import load_state, save_state
+from ..task.problems import solve
 from . import corpus as corpus_mod
 from .schedule import lm_update, warmup_cosine
 
@@ -59,7 +60,7 @@ def keyed_document(source: corpus_mod.CorpusGenerator) -> corpus_mod.Document:
     w.write(corpus_mod.CHAT_USER)
     w.write(source.statement(p), drawn=True)
     w.write("\n" + KEYED_INSTRUCTION.format(key=key) + corpus_mod.CHAT_ASSISTANT + '{"' + key + '": ')
-    answer_span = w.write(str(corpus_mod.task.solve(p)))
+    answer_span = w.write(str(solve(p)))
     w.write("}" + corpus_mod.CHAT_END)
     return w.document("keyed", [p.key], answer_span)
 

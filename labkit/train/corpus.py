@@ -31,7 +31,7 @@ from typing import Iterator
 
 from ..config import CORPUS_SEED
 from ..models.tokenizer import ENDOFTEXT
-from ..task import problems as task
+from ..task.problems import DEFAULT_SEED, ID_MAX, ITEMS, OOD_MAX, Problem, TEMPLATES, generate_dataset, solve
 
 CORPUS_NAME = "tiny-pretraining-corpus-v1"
 
@@ -106,9 +106,9 @@ class _Writer:
         return Document(kind, "".join(self.parts), list(keys), self.drawn, answer_span)
 
 
-def dataset_keys(seed: int = task.DEFAULT_SEED) -> frozenset:
+def dataset_keys(seed: int = DEFAULT_SEED) -> frozenset:
     """Permutation keys of all 1,400 StockArithmetic-v1 problems (every split)."""
-    return frozenset(task.Problem.from_dict(r["problem"]).key for r in task.generate_dataset(seed))
+    return frozenset(Problem.from_dict(r["problem"]).key for r in generate_dataset(seed))
 
 
 CHAT_USER = "<|im_start|>user\n"
@@ -130,20 +130,20 @@ class CorpusGenerator:
     def __init__(self, seed: int = CORPUS_SEED, forbidden: frozenset | None = None):
         self.rng = random.Random(seed)
         self.forbidden = dataset_keys() if forbidden is None else forbidden
-        self.templates = task.TEMPLATES + task.TEMPLATES + EXTRA_TEMPLATES  # task templates twice as likely
-        self.items = task.ITEMS + EXTRA_ITEMS
+        self.templates = TEMPLATES + TEMPLATES + EXTRA_TEMPLATES  # task templates twice as likely
+        self.items = ITEMS + EXTRA_ITEMS
 
     # -- drawing ----------------------------------------------------------------
-    def problem(self) -> task.Problem:
+    def problem(self) -> Problem:
         """A valid problem that is not in the dataset (rejection sampling)."""
-        top = task.OOD_MAX if self.rng.random() < OOD_SHARE else task.ID_MAX
+        top = OOD_MAX if self.rng.random() < OOD_SHARE else ID_MAX
         while True:
             values = [self.rng.randint(0, top) for _ in range(5)]
-            p = task.Problem(values[0], (values[1], values[2]), (values[3], values[4]))
+            p = Problem(values[0], (values[1], values[2]), (values[3], values[4]))
             if min(p.stock_levels()) >= 0 and p.key not in self.forbidden:
                 return p
 
-    def statement(self, p: task.Problem) -> str:
+    def statement(self, p: Problem) -> str:
         d1, d2 = p.deliveries
         w1, w2 = p.withdrawals
         template = self.rng.choice(self.templates)
@@ -160,7 +160,7 @@ class CorpusGenerator:
         w.write(self.statement(p), drawn=True)
         w.write("\n" + instruction if instruction else "")
         w.write(CHAT_ASSISTANT + before.format())  # format() turns the template's {{ }} into { }
-        answer_span = w.write(str(task.solve(p)))
+        answer_span = w.write(str(solve(p)))
         w.write(after.format() + CHAT_END)
         return w.document("direct", [p.key], answer_span)
 
@@ -173,7 +173,7 @@ class CorpusGenerator:
         for (sign, amount), after in zip(movements, p.stock_levels()):
             steps.append(f"{before} {sign} {amount} = {after}.")
             before = after
-        steps.append(f"The final stock is {task.solve(p)}.")
+        steps.append(f"The final stock is {solve(p)}.")
         w = _Writer()
         if self.rng.random() < 0.5:
             w.write(CHAT_USER)
@@ -192,7 +192,7 @@ class CorpusGenerator:
             w.write("\n" if i else "")
             w.write(f"{p.initial} + {p.deliveries[0]} + {p.deliveries[1]} - {p.withdrawals[0]} - {p.withdrawals[1]}",
                     drawn=True)
-            w.write(f" = {task.solve(p)}")
+            w.write(f" = {solve(p)}")
         w.write(ENDOFTEXT)
         return w.document("equations", [p.key for p in problems])
 

@@ -62,7 +62,7 @@ from ..lab.runs import (REPO_ROOT, RunFolder, UnfinishedRunError, display_path, 
 from ..lab.runtime import code_digests, data_digests, environment, seed_everything
 from ..lab.runtime import deterministic as deterministic_algorithms
 from ..lab.skeleton import Autosave, DeferredInterrupt, holding
-from ..task import data, problems as task
+from ..task import data, problems
 from ..config import QWEN, SEED_OFFSETS, PresetConfig, get_preset
 from ..models import scoring
 from .schedule import clipped_step, warmup_linear_decay, warmup_updates
@@ -116,12 +116,12 @@ def branch_examples(train: list[Example], branch: str, config: PresetConfig) -> 
     """
     check_branch(branch)
     ids = [e.id for e in train]
-    if len(ids) != task.SPLIT_SIZES["train"]:
-        raise ValueError(f"expected {task.SPLIT_SIZES['train']} train problems, got {len(ids)}")
+    if len(ids) != problems.SPLIT_SIZES["train"]:
+        raise ValueError(f"expected {problems.SPLIT_SIZES['train']} train problems, got {len(ids)}")
     if branch == "warm_start":
-        wanted, count = task.warm_start_ids([{"id": i} for i in ids]), config.warm_start_examples
+        wanted, count = problems.warm_start_ids([{"id": i} for i in ids]), config.warm_start_examples
     else:
-        wanted, count = task.pool_ids([{"id": i} for i in ids]), config.sft_examples
+        wanted, count = problems.pool_ids([{"id": i} for i in ids]), config.sft_examples
     if not 1 <= count <= len(wanted):
         raise ValueError(f"{branch} needs 1..{len(wanted)} examples, the config asks for {count}")
     by_id = {e.id: e for e in train}
@@ -279,7 +279,7 @@ def start_model_factory(preset: str, branch: str, device: str | None = None) -> 
 
     Returns (factory, description of the source).
     """
-    from ..models import presets as models
+    from ..models import presets
 
     check_branch(branch)
     if branch == "warm_start":
@@ -292,7 +292,7 @@ def start_model_factory(preset: str, branch: str, device: str | None = None) -> 
         source = warm / "model.safetensors"
         data.check_path_access("learning", source)
         description = str(source.relative_to(REPO_ROOT))
-    return (lambda: models.load(preset, state=source, device=device)), description
+    return (lambda: presets.load(preset, state=source, device=device)), description
 
 
 # -- 5. The loop -------------------------------------------------------------------------------------
@@ -406,12 +406,12 @@ def _open_folder(branch: str, plan: Plan, folder: RunFolder, stop_after_epochs, 
 def start_branch(config: PresetConfig, plan: Plan, model_factory: ModelFactory, validation_limit: int | None,
                  expected_start: str | None, start_description: str | None) -> Branch:
     """Stage 1: the starting model (eval mode, digest checked), the branch's examples, the identity."""
-    from ..models import presets as models
+    from ..models import presets
 
     model, tokenizer = model_factory()
     was_training = model.training
     model.eval()  # eval mode for everything: see the module docstring
-    initial_digest = models.parameter_digest(model)
+    initial_digest = presets.parameter_digest(model)
     if expected_start is not None and initial_digest != expected_start:
         raise ValueError(f"{start_description} loads with digest {initial_digest}, the warm start ended at {expected_start}")
     device = str(next(model.parameters()).device)
@@ -578,11 +578,11 @@ def save_epoch_state(folder: RunFolder, b: Branch, epoch: int, times: dict) -> t
 def finish_branch(folder: RunFolder, b: Branch, model_factory: ModelFactory, stop: int, start_description,
                   start_greedy, resumed, greedy_eval: bool, state_files: dict, times: dict, began: float) -> dict:
     """Stage 4: the final model (reloaded and checked), history, manifest; FINISHED when complete."""
-    from ..models import presets as models
+    from ..models import presets
 
     plan, config, device = b.plan, b.config, b.identity["device"]
     finished = stop == plan.epochs
-    final_digest = models.parameter_digest(b.model)
+    final_digest = presets.parameter_digest(b.model)
     manifest = {
         "step": plan.branch,
         "branch": plan.branch,
@@ -608,10 +608,10 @@ def finish_branch(folder: RunFolder, b: Branch, model_factory: ModelFactory, sto
     write_json(folder / "history.json", {"updates": b.history, "validation": b.progress["validation"]})
     if finished:
         model_path = folder / "model.safetensors"
-        models.save_model(b.model, model_path)
+        presets.save_model(b.model, model_path)
         fresh, _ = model_factory()
-        models.load_state_into(fresh, model_path)
-        reloaded = models.parameter_digest(fresh)
+        presets.load_state_into(fresh, model_path)
+        reloaded = presets.parameter_digest(fresh)
         if reloaded != final_digest:
             raise RuntimeError(f"{model_path} reloads with digest {reloaded}, the trained model has {final_digest}")
         manifest["reloaded_parameter_digest"] = reloaded

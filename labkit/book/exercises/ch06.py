@@ -197,16 +197,16 @@ def _ch06_loss_batch(iteration: int | None = None, runs=None) -> dict:
     responses differ in length, tokens lie on every side of the clip), so each can be named."""
     import torch
 
-    from ...grpo import core, loop as grpo
-    from ...models import presets as models, scoring
+    from ...grpo import core, loop
+    from ...models import presets, scoring
     from ...config import get_preset
     from ...lab.runs import REPO_ROOT
 
     runs = runs or REPO_ROOT / "runs" / "tiny"
     config = get_preset("tiny")
-    rollouts = grpo.read_rollouts(runs / "grpo")
-    warm, tokenizer = models.load("tiny", state=runs / "warm_start" / "model.safetensors")
-    final, _ = models.load("tiny", state=runs / "grpo" / "model.safetensors")
+    rollouts = loop.read_rollouts(runs / "grpo")
+    warm, tokenizer = presets.load("tiny", state=runs / "warm_start" / "model.safetensors")
+    final, _ = presets.load("tiny", state=runs / "grpo" / "model.safetensors")
     final, warm = final.double(), warm.double()
     pool = {p["id"]: p for p in core.load_pool()}
     for candidate in ([iteration] if iteration is not None else sorted({r["iteration"] for r in rollouts})):
@@ -349,13 +349,13 @@ def _ch06_reference_cases(start_file=None) -> list[tuple[str, object, object, bo
     frozen.  At the start of a run the policy equals the warm start, so every digest agrees."""
     import copy
 
-    from ...models import presets as models
+    from ...models import presets
     from ...lab.runs import REPO_ROOT
 
     start_file = start_file or REPO_ROOT / "runs" / "tiny" / "warm_start" / "model.safetensors"
 
     def load():
-        model, _ = models.load("tiny", state=start_file)
+        model, _ = presets.load("tiny", state=start_file)
         return model
 
     def frozen(model):
@@ -391,11 +391,11 @@ def check_ch06_frozen_reference(check_reference, start_file=None) -> bool:
     must raise AssertionError for a reference that is not a frozen copy of the start, and return
     quietly for the protocol's own.  The cases are real tiny models loaded from the warm start:
     at the start of a run the policy equals it, so a check of digests alone cannot see an alias."""
-    from ...models import presets as models
+    from ...models import presets
 
     require_function(check_reference)
     cases = _ch06_reference_cases(start_file)
-    start_digest = models.parameter_digest(cases[0][1])
+    start_digest = presets.parameter_digest(cases[0][1])
     for number, (what, reference, policy, must_refuse) in enumerate(cases, start=1):
         where = f"case {number} of {len(cases)} ({what})"
         refusal = call_student(check_reference, reference, policy, start_digest, where=where,
@@ -413,7 +413,7 @@ def check_ch06_frozen_reference(check_reference, start_file=None) -> bool:
                      3: "compare the parameters' storage (p.data_ptr()): a shallow copy is a new object whose "
                         "tensors are the policy's",
                      4: "check that no reference parameter requires grad",
-                     5: "compare the reference's digest (models.parameter_digest) with start_digest",
+                     5: "compare the reference's digest (presets.parameter_digest) with start_digest",
                      6: "check that the reference is in eval mode (reference.training is False)"}
             raise ExerciseError(f"{where}: your check let it through. Hint: {hints[number]}.")
     print(f"Correct: your check passes the protocol's frozen reference and refuses all {len(cases) - 1} broken ones "

@@ -130,11 +130,11 @@ def _ch08_rewards(runs=None):
     """(P, G) rewards of the G = 8 branch's first iteration that has both a constant group and a mixed one."""
     import torch
 
-    from ...grpo import loop as grpo
+    from ...grpo import loop
     from ...lab.runs import REPO_ROOT
 
     runs = runs or REPO_ROOT / "runs" / "tiny"
-    rows = grpo.read_rollouts(runs / "grpo_g8")
+    rows = loop.read_rollouts(runs / "grpo_g8")
     G = 8
     for iteration in sorted({r["iteration"] for r in rows}):
         rewards = torch.tensor([r["reward"] for r in rows if r["iteration"] == iteration], dtype=torch.float64)
