@@ -16,7 +16,7 @@ def right(p, G):
     (lambda p, G: 1 - right(p, G), "the chance of a group WITH signal"),
     (lambda p, G: p ** (G - 1) + (1 - p) ** (G - 1), r"the exponent is G"),
     (lambda p, G: 0.5, r"case 2 of 11: .*Hint: a group is constant when"),
-    (lambda p, G: "half", r"returned 'half'; return a number"),
+    (lambda p, G: "half", r"returned 'half' \(str\); return a number"),
 ])
 def test_names_the_slip(wrong, message):
     with pytest.raises(exercises.ExerciseError, match=message):

@@ -91,7 +91,7 @@ def test_each_mixed_slip_is_named(answer, hint):
 def test_a_right_mixed_answer_passes_and_bad_returns_are_told(capsys):
     assert exercises.check_ch08_mixed_zero_signal(mixed_right)
     assert "on all 8 cases" in capsys.readouterr().out
-    with pytest.raises(exercises.ExerciseError, match=r"returned 'half'; return a number"):
+    with pytest.raises(exercises.ExerciseError, match=r"returned 'half' \(str\); return a number"):
         exercises.check_ch08_mixed_zero_signal(lambda ps, G: "half")
     with pytest.raises(exercises.ExerciseError, match=r"zero_signal_of_batch is not written yet"):
         exercises.check_ch08_mixed_zero_signal(lambda ps, G: (_ for _ in ()).throw(NotImplementedError("your turn")))

@@ -67,8 +67,33 @@ def call_student(function, *args, where: str, hint: str = "", not_written: str |
     return None if assertion_is_answer else result
 
 
-def require_tensor(got, shape: tuple, name: str, wanted: str, what: str) -> None:
-    """Refuse a returned value that is not a tensor of `shape`, or that carries no gradient.
+def require_like(got, like, name: str, finite: bool = True) -> None:
+    """Refuse a returned tensor that lives on another device than the inputs, has another dtype, or holds
+    a NaN or an infinity: each is named in one line, before any value is compared (a NaN compares as
+    neither too big nor too small, so a checker that only measured a gap would pass it).
+
+    like: one of the inputs (the device and dtype the answer must keep); finite: False where the checker
+    names the cause of a NaN itself."""
+    import torch
+
+    if got.device != like.device:
+        raise ExerciseError(f"{name} returned a tensor on device {got.device}, the inputs are on {like.device}: "
+                            "build new tensors from the inputs (x.new_zeros(...), torch.zeros(..., device=x.device)) "
+                            "or move the result back with .to(x.device)")
+    if got.dtype != like.dtype:
+        made = " (torch.tensor(...) without a dtype and .float() make float32)" if got.dtype == torch.float32 else ""
+        raise ExerciseError(f"{name} returned {str(got.dtype).replace('torch.', '')}, the inputs are "
+                            f"{str(like.dtype).replace('torch.', '')}: keep their dtype{made}")
+    bad = ~torch.isfinite(got.detach())
+    if finite and bad.any():
+        at = tuple(torch.nonzero(bad)[0].tolist())
+        raise ExerciseError(f"{name} returned {got.detach()[at].item()} at index {at}: every value must be finite "
+                            "(a division by a zero standard deviation or a log of 0 gives nan or inf)")
+
+
+def require_tensor(got, shape: tuple, name: str, wanted: str, what: str, like=None) -> None:
+    """Refuse a returned value that is not a tensor of `shape`, that is not like the input `like` (its
+    device and dtype, and finite: `require_like`), or that carries no gradient.
 
     name: the student's function; wanted: what to return, in words ("one objective per token, shape
     (5, 9)"); what: the thing whose gradient is needed ("your objective", "your loss")."""
@@ -77,6 +102,38 @@ def require_tensor(got, shape: tuple, name: str, wanted: str, what: str) -> None
     if not isinstance(got, torch.Tensor) or tuple(got.shape) != tuple(shape):
         found = tuple(got.shape) if isinstance(got, torch.Tensor) else type(got).__name__
         raise ExerciseError(f"{name} returned {found}; return {wanted}")
+    if like is not None:
+        require_like(got, like, name)
     if not got.requires_grad:
         raise ExerciseError(f"{what} carries no gradient: build it from the current policy's tensors with torch "
                             "operations (no .detach(), .item() or numpy)")
+
+
+def require_number(got, where: str) -> float:
+    """The student's returned probability as a float; refused in one line when it is not a number (a
+    string such as "0.25", True, a list), holds more than one value, or is not finite."""
+    import math
+    import numbers
+
+    value = got
+    if hasattr(got, "numel") and hasattr(got, "item"):  # a tensor (or numpy array) of one value
+        if got.numel() != 1:
+            raise ExerciseError(f"{where} returned {type(got).__name__} of {got.numel()} values; return one number")
+        value = got.item()
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise ExerciseError(f"{where} returned {got!r} ({type(got).__name__}); return a number (a probability), "
+                            "not text or a truth value")
+    if not math.isfinite(value):
+        raise ExerciseError(f"{where} returned {value!r}; a probability is a finite number in [0, 1]")
+    return float(value)
+
+
+def integer_division_hint(got, expected: float) -> str | None:
+    """The hint for a probability returned as a whole number where the answer is not one: `//` (or a
+    count returned instead of a fraction)."""
+    import numbers
+
+    if isinstance(got, numbers.Integral) and not isinstance(got, bool) and expected != int(expected):
+        return (f"you returned the whole number {got}: `//` rounds down to an integer; divide with `/` "
+                "(and return the probability, not a count)")
+    return None

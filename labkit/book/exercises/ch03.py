@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from ._calling import ExerciseError, call_student, require_function
+from ._calling import require_like, ExerciseError, call_student, require_function
 
 
 # Reward groups the chapter 3 checker tries, in order: the chapter's cases first, then the traps.
@@ -76,6 +76,7 @@ def check_ch03_group_advantages(group_advantages) -> bool:
             shape = tuple(got.shape) if isinstance(got, torch.Tensor) else type(got).__name__
             raise ExerciseError(f"{where} returned {shape}; return a tensor of shape {tuple(rewards.shape)}, "
                                 "one advantage per response")
+        require_like(got, rewards, "group_advantages")
         expected = reference(rewards)
         got64 = got.detach().double()
         close = torch.allclose(got64, expected, rtol=0.0, atol=1e-9)

@@ -89,7 +89,7 @@ def check_ch04_clipped_objective(clipped_objective) -> bool:
                                  f"clip_eps={clip_eps})", on_shape_mismatch=ADVANTAGE_NOT_BROADCAST)
         require_tensor(got, logp_cur.shape, "clipped_objective",
                        "one objective per token, shape (5, 9) (broadcast each response's advantage over its "
-                       "tokens: advantages[:, None])", "your objective")
+                       "tokens: advantages[:, None])", "your objective", like=logp_cur)
         (grad,) = torch.autograd.grad(got.sum(), logp_cur, allow_unused=True)
         if grad is None:
             raise ExerciseError("your objective does not depend on logp_cur through autograd")

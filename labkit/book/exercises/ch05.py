@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from ._calling import ExerciseError, call_student, require_function
+from ._calling import require_like, ExerciseError, call_student, require_function
 
 
 def _ch05_local_blocks(logits_cur, logits_ref, block_size):
@@ -48,6 +48,7 @@ def check_ch05_blocked_kl(blocked_kl) -> bool:
         if not isinstance(got, torch.Tensor) or tuple(got.shape) != (logits_cur.shape[0],):
             shape = tuple(got.shape) if isinstance(got, torch.Tensor) else type(got).__name__
             raise ExerciseError(f"{where}: returned {shape}; return one KL per prefix, shape ({logits_cur.shape[0]},)")
+        require_like(got, logits_cur, "blocked_kl", finite=False)  # the overflow's own hint follows
         got = got.detach().double()
         expected = exact_prefix_kl(logits_cur, logits_ref, block_size=block_size)
         if not torch.isfinite(got).all():

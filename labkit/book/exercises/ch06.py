@@ -315,7 +315,7 @@ def check_ch06_grpo_loss(grpo_loss, batch: dict | None = None) -> bool:
                        b["logits_ref"], b["G"], b["clip_eps"], b["kl_coef"], where=where,
                        on_shape_mismatch=ADVANTAGE_NOT_BROADCAST)
     require_tensor(got, (), "grpo_loss", "the batch's loss as one 0-d tensor (reduce tokens -> responses -> groups)",
-                   "your loss")
+                   "your loss", like=logp_cur)
     if abs(got.item() - expected.item()) > 1e-9:
         slips = _ch06_loss_variants(b, logits_cur.detach())
         named = [name for name, value in slips.items()

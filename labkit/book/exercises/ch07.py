@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from ._calling import ExerciseError, call_student, require_function
+from ._calling import ExerciseError, call_student, integer_division_hint, require_function, require_number
 
 
 # (n, c, k) triples the chapter 7 checker tries: the lab's budget (n = 4) first, then the
@@ -30,15 +30,14 @@ def check_ch07_pass_at_k(pass_at_k) -> bool:
         hint = (" When n - c < k every draw of k samples holds a correct one: C(n-c, k) is 0 and pass@k is 1."
                 if n - c < k else "")
         got = call_student(pass_at_k, n, c, k, where=where, hint=f".{hint}")
-        try:
-            value = float(got)
-        except (TypeError, ValueError):
-            raise ExerciseError(f"{where} returned {got!r}; return a number (a probability)") from None
+        value = require_number(got, where)
         expected = reference(n, c, k)
         if abs(value - expected) <= 1e-12:
             continue
         all_fail = math.comb(n - c, k) / math.comb(n, k)
-        if abs(value - (1 - (1 - c / n) ** k)) <= 1e-12:
+        if integer_division_hint(got, expected):
+            hint = integer_division_hint(got, expected)
+        elif abs(value - (1 - (1 - c / n) ** k)) <= 1e-12:
             hint = ("that is the plug-in estimate 1 - (1 - c/n)^k, which draws WITH replacement and is biased low; "
                     "draw k of the n samples without replacement: 1 - C(n-c, k) / C(n, k)")
         elif abs(value - c / n) <= 1e-12:

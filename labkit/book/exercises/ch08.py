@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from ._calling import ExerciseError, call_student, require_function
+from ._calling import ExerciseError, call_student, require_function, require_number
 
 
 # (p, G) pairs the chapter 8 checker tries: easy ones first, then the edges.
@@ -38,10 +38,7 @@ def check_ch08_zero_signal(expected_frac_reward_zero_std) -> bool:
     for number, (p, G) in enumerate(CH08_CASES, start=1):
         where = f"case {number} of {len(CH08_CASES)}: expected_frac_reward_zero_std(p={p}, G={G})"
         got = call_student(expected_frac_reward_zero_std, p, G, where=where, not_written="expected_frac_reward_zero_std")
-        try:
-            values.append(float(got))
-        except (TypeError, ValueError):
-            raise ExerciseError(f"{where} returned {got!r}; return a number (a probability)") from None
+        values.append(require_number(got, where))
     # The usual slips, each a formula; a hint names the one the answer follows on EVERY case (at p = 1/2
     # all right and all wrong are equally likely, so one case alone cannot tell them apart).
     slips = (
@@ -180,10 +177,7 @@ def check_ch08_mixed_zero_signal(zero_signal_of_batch) -> bool:
     for number, (ps, G) in enumerate(CH08_MIXED_CASES, start=1):
         where = f"case {number} of {len(CH08_MIXED_CASES)}: zero_signal_of_batch(ps={ps}, G={G})"
         got = call_student(zero_signal_of_batch, list(ps), G, where=where, not_written="zero_signal_of_batch")
-        try:
-            values.append(float(got))
-        except (TypeError, ValueError):
-            raise ExerciseError(f"{where} returned {got!r}; return a number (a fraction of groups)") from None
+        values.append(require_number(got, where))
     _ch08_first_wrong(CH08_MIXED_CASES, values, _ch08_mixed_zero_signal, slips,
                       "prompt k's group is constant with probability p_k^G + (1 - p_k)^G; the batch's expected "
                       "fraction is the mean of that over its prompts",

@@ -1,0 +1,82 @@
+"""Answers that must never be graded "Correct", nor crash a checker: a NaN, text, a truth value, a float32
+tensor where the inputs are float64, a tensor on another device, a whole number from `//` (issue 57).
+Each is refused in one line that names the slip."""
+
+import math
+
+import pytest
+import torch
+
+from labkit.book.exercises import ch03, ch04, ch05, ch07, ch08
+from labkit.book.exercises._calling import ExerciseError
+from labkit.eval.evaluate import pass_at_k
+
+
+def right_ch04(logp_cur, logp_old, advantages, clip_eps):
+    rho = (logp_cur - logp_old).exp()
+    return torch.minimum(rho * advantages[:, None], rho.clamp(1 - clip_eps, 1 + clip_eps) * advantages[:, None])
+
+
+@pytest.mark.parametrize("answer, message", [
+    (lambda *a: right_ch04(*a) * float("nan"), r"clipped_objective returned nan at index \(0, 0\): every value must "
+                                               r"be finite"),
+    (lambda *a: right_ch04(*a).float(), r"clipped_objective returned float32, the inputs are float64: keep their "
+                                        r"dtype \(torch.tensor\(...\) without a dtype and .float\(\) make float32\)"),
+    (lambda *a: torch.zeros(5, 9, dtype=torch.float64, device="meta", requires_grad=True),
+     "clipped_objective returned a tensor on device meta, the inputs are on cpu"),
+])
+def test_chapter_4_refuses_nan_float32_and_another_device(answer, message):
+    with pytest.raises(ExerciseError, match=message):
+        ch04.check_ch04_clipped_objective(answer)
+    ch04.check_ch04_clipped_objective(right_ch04)  # the right answer still passes
+
+
+def test_chapter_3_names_the_nan_of_a_zero_std():
+    def no_eps(r):  # right wherever the std is not zero; 0 / 0 in a constant group
+        centred, std = r - r.mean(dim=1, keepdim=True), r.std(dim=1, correction=0, keepdim=True)
+        return torch.where(std > 0, centred / (std + 1e-8), centred / std)
+
+    with pytest.raises(ExerciseError, match="returned nan at index .*a division by a zero standard deviation"):
+        ch03.check_ch03_group_advantages(no_eps)
+
+
+def test_chapter_5_refuses_a_tensor_on_another_device():
+    with pytest.raises(ExerciseError, match="blocked_kl returned a tensor on device meta"):
+        ch05.check_ch05_blocked_kl(lambda cur, ref, b: torch.zeros(cur.shape[0], dtype=cur.dtype, device="meta"))
+
+
+@pytest.mark.parametrize("answer, message", [
+    (lambda n, c, k: str(pass_at_k(n, c, k)), r"returned '0.25' \(str\); return a number \(a probability\), not "
+                                              r"text or a truth value"),
+    (lambda n, c, k: True, r"returned True \(bool\)"),
+    (lambda n, c, k: float("nan"), "returned nan; a probability is a finite number"),
+    (lambda n, c, k: 1 - math.comb(n - c, k) // math.comb(n, k), "you returned the whole number 1: `//` rounds "
+                                                                 "down to an integer; divide with `/`"),
+])
+def test_chapter_7_refuses_text_truth_values_nan_and_integer_division(answer, message):
+    with pytest.raises(ExerciseError, match=message):
+        ch07.check_ch07_pass_at_k(answer)
+
+
+def test_chapter_7_takes_a_one_value_tensor():
+    assert ch07.check_ch07_pass_at_k(lambda n, c, k: torch.tensor(pass_at_k(n, c, k), dtype=torch.float64))
+
+
+@pytest.mark.parametrize("answer, message", [
+    (lambda p, G: str(p ** G + (1 - p) ** G), r"returned '0.5' \(str\)"),
+    (lambda p, G: float("inf"), "returned inf; a probability is a finite number"),
+])
+def test_chapter_8_refuses_text_and_non_finite_numbers(answer, message):
+    with pytest.raises(ExerciseError, match=message):
+        ch08.check_ch08_zero_signal(answer)
+
+
+def test_chapter_6_refuses_a_nan_loss():
+    """A loss of NaN compared as neither above nor below the right one, so it was graded "Correct"."""
+    from labkit.book.exercises import ch06
+
+    def nan_loss(logp_cur, *rest):
+        return (logp_cur * float("nan")).sum()
+
+    with pytest.raises(ExerciseError, match=r"grpo_loss returned nan at index \(\): every value must be finite"):
+        ch06.check_ch06_grpo_loss(nan_loss)
