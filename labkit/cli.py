@@ -292,6 +292,16 @@ def cmd_cache(args: argparse.Namespace) -> int:
         return 0
     if args.action == "restamp":
         return restamp_cache(args.preset, chosen, args.commit)
+    if args.action == "fill":
+        from . import fill
+
+        if len(chosen) != 1:
+            raise ValueError(f"cache fill: name one step with --steps ({' or '.join(fill.FILLABLE)})")
+        names = tuple(args.runs.split(",")) if args.runs else None
+        results = fill.fill(chosen[0].name, args.preset, names, progress=not args.no_progress)
+        for run, status in results:
+            print(f"{run:<22} {status}")
+        return 0 if all(not status.startswith("differs") for _, status in results) else 1
     verdicts = cache.check(chosen, args.preset)
     print(cache.format_check(verdicts))
     bad = [k for k, v in verdicts.items() if v["status"] != "fresh"]
@@ -631,14 +641,19 @@ def _add_training_commands(sub) -> None:
     p.set_defaults(func=cmd_all)
 
     p = sub.add_parser("cache", help="check (or record) whether the cached run is fresh against what made it")
-    p.add_argument("action", choices=["check", "record", "restamp"],
+    p.add_argument("action", choices=["check", "record", "restamp", "fill"],
                    help="check: verdict per step (the definitions or files that changed); record: store the inputs "
                         "of steps just built; restamp: give steps recorded by file bytes the fingerprint of the "
-                        "code those bytes prove, and the sweeps' runs their names under it (no rebuild)")
+                        "code those bytes prove, and the sweeps' runs their names under it (no rebuild); fill: "
+                        "rebuild the models a finished step keeps local (--steps thinking or reasoning, --runs "
+                        "rare_2), each kept only if it is the file its manifest records (labkit/fill.py)")
     p.add_argument("--preset", default="tiny", choices=["tiny", "qwen"], help="model preset (default: %(default)s)")
     p.add_argument("--steps", default="", help="comma-separated step names (default: every step; record: required)")
     p.add_argument("--commit", default="HEAD",
                    help="restamp: the commit whose files the byte record must match (default: %(default)s)")
+    p.add_argument("--runs", default="", help="fill: comma-separated runs of the step (default: all of them); "
+                                              "their start models are filled first")
+    p.add_argument("--no-progress", action="store_true", help="fill: no progress bars")
     p.set_defaults(func=cmd_cache)
 
     p = sub.add_parser("smoke", help="the qwen path end to end at full size on random weights (no download): "

@@ -29,7 +29,7 @@ UNITS = (
     ("book", "figures, pages, student copies, exercises"),
     ("commands", "the command line, the pipeline, the smoke run, the benchmarks"),
 )
-COMMANDS = ("cli", "__main__", "pipeline", "steps", "smoke", "bench")
+COMMANDS = ("cli", "__main__", "pipeline", "steps", "fill", "smoke", "bench")
 ORDER = {name: i for i, (name, _) in enumerate(UNITS)}
 
 
