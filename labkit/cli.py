@@ -304,10 +304,15 @@ def cmd_cache(args: argparse.Namespace) -> int:
         return 0 if all(not status.startswith("differs") for _, status in results) else 1
     verdicts = cache.check(chosen, args.preset)
     print(cache.format_check(verdicts))
-    bad = [k for k, v in verdicts.items() if v["status"] != "fresh"]
+    damaged = [path for v in verdicts.values() if v["status"] == "damaged" for path in v["changed"]]
+    if damaged:
+        print(f"damaged: {', '.join(damaged)} differ from the SHA-256 their manifests record; restore them "
+              f"(`git checkout -- FILE` for a committed file, `python -m labkit cache fill` for a local model)",
+              file=sys.stderr)
+    bad = [k for k, v in verdicts.items() if v["status"] not in ("fresh", "damaged")]
     if bad:
         print(f"not fresh: {', '.join(bad)}; rebuild with `make cache`", file=sys.stderr)
-    return 1 if bad else 0
+    return 1 if bad or damaged else 0
 
 
 def restamp_cache(preset: str, chosen: tuple, commit: str) -> int:

@@ -253,3 +253,21 @@ def test_every_function_a_grpo_run_executes_is_in_its_fingerprint(tmp_path):
     ran = {k for k in ran if not k.endswith(f":{IMPORT_TIME}") and not k.startswith("labkit.lab.fingerprint")}
     assert len(ran) > 50
     assert ran - reached == set()
+
+
+def test_a_damaged_file_is_named_as_damaged_and_the_steps_built_from_it_stay_fresh(tmp_path, monkeypatch):
+    """A flipped byte in the warm start's model: the warm start is damaged (restore the file), not eight later
+    steps stale (issue 58, item 10)."""
+    runs = tmp_path / "tiny"
+    shutil.copytree(REPO_ROOT / "runs" / "tiny", runs, ignore=shutil.ignore_patterns("stale", "fill", "sweep"))
+    model = runs / "warm_start" / "model.safetensors"
+    data = bytearray(model.read_bytes())
+    data[len(data) // 2] ^= 1
+    model.write_bytes(bytes(data))
+    monkeypatch.setattr(cache, "runs_dir", lambda preset: runs)
+    verdicts = cache.check(steps.STEPS, "tiny")
+    assert verdicts["warm_start"]["status"] == "damaged"
+    assert [p.endswith("tiny/warm_start/model.safetensors") for p in verdicts["warm_start"]["changed"]] == [True]
+    assert {n: v["status"] for n, v in verdicts.items() if n != "warm_start"} == \
+        {n: "fresh" for n in steps.STEP_NAMES if n != "warm_start"}, cache.format_check(verdicts)
+    assert cache.to_rebuild(steps.STEPS, verdicts) == []  # restored, not rebuilt

@@ -11,7 +11,9 @@ some code, some files (the data, a tokenizer) and the outputs of earlier steps.
 
 `check` recomputes both: a step is stale when a definition it reaches now does something else (or it
 reaches another set of them), or when a file changed, and the verdict names each.  A comment, a
-docstring, a re-wrapped line or a function no step reaches changes no verdict.
+docstring, a re-wrapped line or a function no step reaches changes no verdict.  A step whose own files
+differ from what their manifests record is "damaged", naming the files: they are restored, not rebuilt,
+and the steps built from them are not called stale for it.
 
 Which steps exist and what each one runs is not known here: the step graph is `labkit.steps`, at the
 top of the package, and every function below takes the steps it works on.
@@ -24,7 +26,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .fingerprint import Sources, changed, git_show
-from .runs import REPO_ROOT, is_finished, preset_folder, read_json, sha256_bytes, sha256_file, write_json
+from .runs import (FINISHED_MARKER, MANIFEST_FILE, REPO_ROOT, ArtifactError, check_manifest, is_finished, preset_folder,
+                   read_json, sha256_bytes, sha256_file, write_json)
 
 CACHE_FILE = "cache.json"
 
@@ -101,16 +104,48 @@ def is_byte_record(entry: dict) -> bool:
     return "code" not in entry
 
 
-def check(steps: tuple[CacheStep, ...], preset: str = "tiny", code_root: Path = REPO_ROOT) -> dict[str, dict]:
-    """Per step: {"status": "fresh" | "stale" | "missing" | "unrecorded", "changed": [what]}.
+def damaged_files(step: CacheStep, preset: str) -> list[str]:
+    """The files of `step`'s finished runs that differ from the SHA-256 their run's manifest records (a
+    manifest that differs from its FINISHED marker's record included), as "runs/<preset>/..."; a local
+    file that is absent (a model a clone does not have) is not damaged."""
+    root, out = runs_dir(preset), []
+    for rel in (step.folder, *step.outputs):
+        if not (root / rel).is_dir():
+            continue
+        for marker in sorted((root / rel).rglob(FINISHED_MARKER)):
+            folder = marker.parent
+            try:
+                check_manifest(folder)
+            except ArtifactError:
+                out.append(f"runs/{preset}/{(folder / MANIFEST_FILE).relative_to(root)}")
+                continue
+            if not (folder / MANIFEST_FILE).is_file():
+                continue
+            ledger = read_json(folder / MANIFEST_FILE).get("ledger", {})
+            for name, entry in sorted({**ledger.get("parts", {}), **ledger.get("files", {})}.items()):
+                path = folder / name
+                if path.is_file() and sha256_file(path) != entry["sha256"]:
+                    out.append(f"runs/{preset}/{path.relative_to(root)}")  # as `file_digests` names it
+    return out
 
+
+def check(steps: tuple[CacheStep, ...], preset: str = "tiny", code_root: Path = REPO_ROOT) -> dict[str, dict]:
+    """Per step: {"status": "fresh" | "stale" | "damaged" | "missing" | "unrecorded", "changed": [what]}.
+
+    "damaged": a file of the step's runs differs from what its manifest records (`damaged_files`): it is
+    restored, not rebuilt, and the steps built from it are not called stale for it.
     code_root: the folder holding labkit/ and the data (a copy of the repository, in tests)."""
     cache = read_cache(preset)
     sources = Sources.in_folder(code_root)
+    damaged = {step.name: damaged_files(step, preset) for step in steps if step.is_built(preset)}
+    every_damaged = {path for paths in damaged.values() for path in paths}
     verdicts = {}
     for step in steps:
         if not step.is_built(preset):
             verdicts[step.name] = {"status": "missing", "changed": []}
+            continue
+        if damaged[step.name]:
+            verdicts[step.name] = {"status": "damaged", "changed": damaged[step.name]}
             continue
         entry = cache.get(step.name)
         if entry is None or is_byte_record(entry):
@@ -119,7 +154,7 @@ def check(steps: tuple[CacheStep, ...], preset: str = "tiny", code_root: Path = 
             continue
         now = inputs(step, preset, sources, code_root)
         what = [f"code {k}" for k in changed(entry["code"], now["code"])]
-        what += [k for k in changed(entry["files"], now["files"])]
+        what += [k for k in changed(entry["files"], now["files"]) if k not in every_damaged]
         verdicts[step.name] = {"status": "stale" if what else "fresh", "changed": what}
     return verdicts
 
