@@ -169,7 +169,7 @@ def cmd_grpo(args: argparse.Namespace) -> int:
     if args.threads is not None:
         torch.set_num_threads(args.threads)  # results are recorded with the thread count
     check_learning_data()
-    stop_at = tuple(int(x) for x in args.save_states_at.split(",") if x) if args.save_states_at else ()
+    stop_at = tuple(iteration_list("--save-states-at", args.save_states_at)) if args.save_states_at else ()
     config = get_preset(args.preset)
     curves = {k: v for k, v in (("checkpoint_every", args.checkpoint_every),
                                 ("checkpoint_problems", args.checkpoint_problems)) if v is not None}
@@ -188,6 +188,17 @@ def cmd_grpo(args: argparse.Namespace) -> int:
     print(f"GRPO: iterations {first + 1}..{last} in {out['seconds']:.1f} s"
           + (f"; {out['rollouts']} rollouts, {out['updates']} updates" if "rollouts" in out else " (stopped)"))
     return 0
+
+
+def iteration_list(option: str, text: str) -> list[int]:
+    """`2,40` as [2, 40]; anything else refused in one line naming the option."""
+    try:
+        values = [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise ValueError(f"{option} {text}: expected iteration numbers separated by commas, e.g. 2,40") from None
+    if any(v < 1 for v in values):
+        raise ValueError(f"{option} {text}: iterations count from 1")
+    return values
 
 
 def cmd_grpo_resume_check(args: argparse.Namespace) -> int:
@@ -761,7 +772,7 @@ def _add_chapter10_commands(sub) -> None:
 
     p = sub.add_parser("gradient-study", help="chapters 2-3: the policy-gradient identity, exactly, and the "
                                               "gradient's noise under each advantage scheme at the warm start")
-    p.add_argument("--preset", default="tiny", help="only 'tiny' (default: %(default)s)")
+    p.add_argument("--preset", default="tiny", choices=["tiny"], help="only 'tiny' (default: %(default)s)")
     p.add_argument("--run-dir", type=Path, default=None, help="output folder (default: runs/<preset>/gradient_study)")
     p.add_argument("--threads", type=int, default=1, help="torch CPU threads (default: 1)")
     p.add_argument("--no-progress", action="store_true", help="no progress line")
@@ -776,7 +787,7 @@ def _add_chapter10_commands(sub) -> None:
 
     p = sub.add_parser("grpo-large", help="chapters 6-7: the larger GRPO run (32 prompts x G=8, its own rate, "
                                           "outside the protocol's counts), its evaluation and 64 draws for pass@k")
-    p.add_argument("--preset", default="tiny", help="only 'tiny' (default: %(default)s)")
+    p.add_argument("--preset", default="tiny", choices=["tiny"], help="only 'tiny' (default: %(default)s)")
     p.add_argument("--device", default=None, help="cpu or cuda (default: cpu for tiny)")
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: 1)")
     p.add_argument("--overwrite", action="store_true", help="replace a finished run (evidence: normally refused)")
@@ -785,7 +796,7 @@ def _add_chapter10_commands(sub) -> None:
 
     p = sub.add_parser("overoptimisation", help="chapter 10: proxies of several strengths, best-of-n and GRPO "
                                                 "against them, the true reward beside the proxy's")
-    p.add_argument("--preset", default="tiny", help="only 'tiny' (default: %(default)s)")
+    p.add_argument("--preset", default="tiny", choices=["tiny"], help="only 'tiny' (default: %(default)s)")
     p.add_argument("--only", default=None, help="comma-separated GRPO settings to run (default: every one not yet run)")
     p.add_argument("--workers", type=int, default=2, help="GRPO settings run at once, one process each (default: 2)")
     p.add_argument("--threads", type=int, default=1, help="torch CPU threads per worker (default: 1)")
@@ -795,7 +806,7 @@ def _add_chapter10_commands(sub) -> None:
 
     p = sub.add_parser("format-base", help="chapter 10: continue the tiny base's pretraining with 2%% of documents "
                                            "in the lab's format until 5%% of its answers use it; then evaluate it")
-    p.add_argument("--preset", default="tiny", help="only 'tiny' (default: %(default)s)")
+    p.add_argument("--preset", default="tiny", choices=["tiny"], help="only 'tiny' (default: %(default)s)")
     common(p, "runs/tiny/format_base", "evaluate on the first N test problems per population")
     p.set_defaults(func=cmd_format_base)
 
@@ -804,7 +815,7 @@ def _add_chapter10_commands(sub) -> None:
                              ("reasoning", cmd_reasoning, "chapter 11: GRPO on worked answers from each thinking "
                               "base (outcome, length-penalty and process rewards)")):
         p = sub.add_parser(name, help=what)
-        p.add_argument("--preset", default="tiny", help="only 'tiny' (default: %(default)s)")
+        p.add_argument("--preset", default="tiny", choices=["tiny"], help="only 'tiny' (default: %(default)s)")
         p.add_argument("--only", default=None, help="comma-separated names (default: every one not yet built)")
         p.add_argument("--workers", type=int, default=2, help="runs at once, one process each (default: 2)")
         p.add_argument("--threads", type=int, default=1, help="torch CPU threads per worker (default: 1)")

@@ -20,6 +20,10 @@ GRPO_RUN = REPO_ROOT / "runs" / "tiny" / "grpo"
     (["warm-start", "--validation-limit", "-5"], "--validation-limit -5: must be at least 1"),
     (["pretrain", "--preset", "nosuch"], "only the tiny preset is pretrained"),
     (["all", "--only", "grpo_resme"], "--only grpo_resme: no step called grpo_resme; the steps are data, base,"),
+    (["grpo", "--save-states-at", "2,x"], "--save-states-at 2,x: expected iteration numbers separated by commas"),
+    (["grpo", "--save-states-at", "0"], "--save-states-at 0: iterations count from 1"),
+    (["cache", "fill", "--steps", "grpo"], "cache fill: step 'grpo' keeps no model to fill"),
+    (["cache", "fill", "--steps", "thinking", "--runs", "rare_3"], "rare_3 is not a run of thinking"),
 ])
 def test_bad_options_are_refused_in_one_line(tmp_path, capsys, argv, message):
     if argv[0] == "grpo":
@@ -173,3 +177,11 @@ def test_every_hint_names_a_command_that_exists():
         with pytest.raises(SystemExit) as done:
             parser.parse_args([command, "--help"])
         assert done.value.code == 0, f"{where}: `python -m {module} {command}` is not a command"
+
+
+def test_a_misspelt_preset_of_a_tiny_only_command_is_refused_by_argparse(capsys):
+    """`gradient-study --preset tyni` used to suggest `warm-start --preset tyni`, a command that cannot work."""
+    with pytest.raises(SystemExit) as stop:
+        cli.main(["gradient-study", "--preset", "tyni"])
+    assert stop.value.code == 2
+    assert "argument --preset: invalid choice: 'tyni' (choose from 'tiny')" in capsys.readouterr().err

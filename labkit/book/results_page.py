@@ -36,7 +36,8 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
-from ..lab.runs import FINISHED_MARKER, REPO_ROOT, atomic_write_bytes, atomic_write_text, read_json, sha256_file
+from ..lab.runs import (FINISHED_MARKER, REPO_ROOT, atomic_write_bytes, atomic_write_text, read_checked_json, read_json,
+                        sha256_file)
 from ..eval import baselines, evaluate, paired
 from ..eval.evaluate import markdown_table, results_table, wilson_interval
 
@@ -250,7 +251,7 @@ def _training_rows(run: Path) -> list[str]:
                      f"each epoch {nll}; {acc}.{before}")
     history = run / "grpo" / "history.json"
     if history.is_file():
-        h = read_json(history)
+        h = read_checked_json(history)
         rows = h
         first, last = rows[:10], rows[-10:]
 
@@ -473,7 +474,7 @@ def _page(run: str | Path = DEFAULT_RUN) -> tuple[str, str, bytes]:
     if not results_path.is_file():
         raise FileNotFoundError(f"{results_path} does not exist: run `python -m labkit evaluate --preset <preset> "
                                 "--policy all` (or `python -m labkit all`) first")
-    results = read_json(results_path)
+    results = read_checked_json(results_path)
     try:
         shown = run.resolve().relative_to(REPO_ROOT).as_posix()
     except ValueError:

@@ -504,6 +504,25 @@ def recorded_sha256(path: str | os.PathLike) -> tuple[str, Path] | None:
     return None
 
 
+def read_checked_json(path: str | os.PathLike):
+    """A run file's JSON, refused in one line naming the file when its bytes differ from the SHA-256 its run
+    folder records (`recorded_sha256`), or when it holds NaN or an infinity (Python's json reads them; no
+    file of the lab holds one).  For readers of finished runs: results pages, the sweep's collector."""
+    path = Path(path)
+    recorded = recorded_sha256(path)
+    if recorded is not None:
+        actual = sha256_file(path)
+        if actual != recorded[0]:
+            raise ArtifactError(f"{display_path(path)} has SHA-256 {actual[:12]}..., but {display_path(recorded[1])} "
+                                f"records {recorded[0][:12]}...: restore the file (git checkout -- FILE) or rebuild "
+                                "its run")
+
+    def refuse(constant: str):
+        raise ArtifactError(f"{display_path(path)} holds {constant}: every number of a lab file is finite")
+
+    return json.loads(path.read_text(encoding="utf-8"), parse_constant=refuse)
+
+
 def check_recorded_digest(path: str | os.PathLike) -> None:
     """Refuse a model or state whose bytes differ from the digest its producing run recorded.
 

@@ -37,7 +37,7 @@ import time
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from pathlib import Path
 
-from ..lab.runs import REPO_ROOT, RunFolder, preset_folder, read_json, sha256_file, write_json
+from ..lab.runs import REPO_ROOT, RunFolder, preset_folder, read_checked_json, read_json, sha256_file, write_json
 from ..lab.runtime import LEARNING_DATA_FILES, data_digests
 from ..grpo.variants import Variant, needs_learned_verifier
 
@@ -505,7 +505,7 @@ def collect_results(specs: list[dict], out: str | Path | None = None) -> dict:
         folder = Path(spec["folder"])
         entry = {"folder": folder.name, "options": spec["options"], "start": spec.get("start", "warm_start")}
         if (folder / "history.json").is_file():
-            entry["curves"] = curves_of(read_json(folder / "history.json"))
+            entry["curves"] = curves_of(read_checked_json(folder / "history.json"))
         elif earlier.get(spec["name"], {}).get("folder") == folder.name:
             entry["curves"] = earlier[spec["name"]]["curves"]
         else:
