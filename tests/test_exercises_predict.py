@@ -34,3 +34,25 @@ def test_a_choice_is_right_only_when_it_is_the_runs_answer(capsys):
 def test_a_prediction_that_cannot_be_compared_names_the_slip(prediction, kwargs, message):
     with pytest.raises(ExerciseError, match=message):
         check_prediction(prediction, 0.5 if "choices" not in kwargs else "a", why=".", **kwargs)
+
+
+@pytest.mark.parametrize("reveal, wrong", [("reveal_identity", "half"), ("reveal_baseline", "group mean!"),
+                                           ("reveal_clip", "Better"), ("reveal_leash", 0.5), ("reveal_seeds", "1.5"),
+                                           ("reveal_separable", 4), ("reveal_split", 30), ("reveal_rare_zero", None)])
+def test_a_mistyped_or_empty_prediction_is_refused_before_anything_is_shown(capsys, reveal, wrong):
+    """Issue 57: a mistyped choice used to print the whole answer before its error."""
+    from labkit.book import exercises
+
+    function = getattr(exercises, reveal)
+    with pytest.raises(exercises.ExerciseError, match="prediction"):
+        exercises.require_prediction_for(wrong, function)  # the prediction cell's own check
+    with pytest.raises(exercises.ExerciseError, match="prediction"):
+        function(wrong)
+    assert capsys.readouterr().out == ""  # nothing of the answer was printed
+
+
+def test_every_reveal_says_what_it_expects():
+    from labkit.book.exercises import reveal
+
+    reveals = {name for name in dir(reveal) if name.startswith("reveal_")}
+    assert set(reveal.EXPECTED) == reveals

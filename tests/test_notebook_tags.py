@@ -8,8 +8,10 @@
 - Every exercise solution (`solution`) is folded in the instructor's book (`hide-input`): the
   toggle reads "Show solution".  A verification cell (digests, rounding tolerances, replays) may be
   folded whole as an instructor box (`instructor` with `hide-cell`, the toggle "For instructors:
-  how this is verified", set in the cell's `mystnb` metadata); nothing else is folded.  Student
-  copies keep the instructor boxes (tests/test_student_copies.py); chapters 2, 5 and 6 have them.
+  how this is verified", set in the cell's `mystnb` metadata).  A predict-then-run answer (`reveal`)
+  has its output folded (`hide-output`, the toggle "Show the answer the runs give"), so that the book
+  asks before it answers; nothing else is folded.  Student copies keep the instructor boxes
+  (tests/test_student_copies.py); chapters 2, 5 and 6 have them.
 """
 
 from __future__ import annotations
@@ -47,6 +49,9 @@ def _names(source: str, kind) -> set[str]:
     return found
 
 
+REVEAL_PROMPT = "Show the answer the runs give"
+
+
 def tag_problems(nb) -> list[str]:
     """One line per broken promise in a notebook (see the module docstring); empty when all hold."""
     problems = []
@@ -73,7 +78,11 @@ def tag_problems(nb) -> list[str]:
         if "instructor" in tags and cell.metadata.get("mystnb", {}).get("code_prompt_show") != INSTRUCTOR_PROMPT:
             problems.append(f"{where}: an instructor box's toggle must read {INSTRUCTOR_PROMPT!r} "
                             "(metadata mystnb.code_prompt_show)")
-        if tags & {"hide-output", "remove-cell", "remove-input", "remove-output"}:
+        if ("hide-output" in tags) != ("reveal" in tags):  # a predict-then-run answer is folded until asked for
+            problems.append(f"{where}: hide-output goes with reveal, and only with it (tags {sorted(tags)})")
+        if "reveal" in tags and cell.metadata.get("mystnb", {}).get("code_prompt_show") != REVEAL_PROMPT:
+            problems.append(f"{where}: a reveal's toggle must read {REVEAL_PROMPT!r} (metadata mystnb.code_prompt_show)")
+        if tags & {"remove-cell", "remove-input", "remove-output"}:
             problems.append(f"{where} is hidden or removed from the book ({sorted(tags)}): fold it as an instructor box")
     return problems
 

@@ -136,6 +136,9 @@ def test_command_writes_every_chapter_and_keeps_every_other_cell(tmp_path, capsy
                 assert mine.source != theirs.source and mine.outputs == []
             elif index in checks or student.REVEAL_TAG in theirs.metadata.get("tags", []):
                 assert mine.source == theirs.source and mine.outputs == []  # a reveal: the answer is not shown
+            elif student.PREDICTION_TAG in theirs.metadata.get("tags", []):  # the prediction is the student's own
+                assert "\nprediction = None  # your prediction here" in "\n" + mine.source and mine.outputs == []
+                assert "require_prediction_for(prediction, reveal_" in mine.source
             else:
                 assert mine == theirs, f"{path.name} cell {index} changed in the student copy"
         # the instructor boxes (folded verification cells) stay in the student's copy, folded the same way
@@ -169,13 +172,16 @@ def test_student_copy_of_chapter_1_runs_and_its_check_says_your_turn(tmp_path):
             assert errors == [], f"cell {index} fails in the student copy: {errors[0].ename}: {errors[0].evalue}"
 
 
-def test_a_prediction_is_kept_and_its_reveal_is_cleared():
-    """Predict, then run: the student keeps the prediction cell as it is (so the copy runs) and sees the
-    answer only when they run the reveal cell."""
+def test_a_prediction_is_emptied_and_its_reveal_is_cleared():
+    """Predict, then run: the student copy holds no prediction (the cell refuses to go on until the student
+    writes one) and shows the answer only when the student runs the reveal cell."""
     nb = _notebook(new_markdown_cell("### Predict, then run"),
-                   _code('prediction = "halves"', tags=["prediction"], output=""),
+                   _code('# "stays", "halves" or "quarters"\nprediction = "halves"\nrequire(prediction)',
+                         tags=["prediction"], output=""),
                    _code("result = reveal(prediction)", tags=["reveal"], output="Measured: halves\n"))
     copy_nb, exercises = student.student_notebook(nb, "ch02.ipynb")
     assert exercises == []
-    assert copy_nb.cells[1] == nb.cells[1]
+    assert copy_nb.cells[1].source == ('# "stays", "halves" or "quarters"\n'
+                                       "prediction = None  # your prediction here, then run this cell\nrequire(prediction)")
+    assert nb.cells[1].source.count('"halves"') == 2  # the instructor's chapter keeps its prediction
     assert copy_nb.cells[2].outputs == [] and copy_nb.cells[2].source == nb.cells[2].source

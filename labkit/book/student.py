@@ -20,11 +20,12 @@ Cell-tag convention for chapter authors (set tags in the cell metadata, `"tags":
   turn" error until the student writes the solution.  If no cell after a solution is tagged
   `check`, the first later code cell that calls a function named `check...` is taken as its
   checker; tag it anyway.
-- `prediction` and `reveal`: a predict-then-run exercise.  The `prediction` cell holds the
-  student's `prediction = ...` (kept as it is, with the instructor's stored prediction, so that the
-  copy runs); the `reveal` cell after it loads the committed runs and calls
+- `prediction` and `reveal`: a predict-then-run exercise.  The `prediction` cell holds
+  `prediction = ...` (the instructor's stored prediction in the chapter, which nbval runs; `prediction =
+  None` in the student copy, so that the cell refuses to go on until the student writes one) and checks
+  it (`require_prediction_for`); the `reveal` cell after it loads the committed runs and calls
   `labkit.book.exercises.check_prediction`.  Its outputs are cleared in the student copy, so that the
-  answer is not on the page before the student has predicted.
+  answer is not on the page before the student has predicted, and folded in the book (hide-output).
 - Every other cell must run without the solution: nothing outside `check` cells may use what
   the solution defines.  tests/test_student_copies.py executes the student copies and holds
   every chapter to this.
@@ -201,6 +202,18 @@ def _clear_outputs(cell) -> None:
     cell.execution_count = None
 
 
+def empty_prediction(source: str) -> str:
+    """A prediction cell with its `prediction = ...` line emptied (`prediction = None`): the cell then
+    refuses to go on until the student writes one (`require_prediction_for`)."""
+    import re
+
+    emptied, count = re.subn(r"^prediction = .*$", "prediction = None  # your prediction here, then run this cell",
+                             source, flags=re.M)
+    if count != 1:
+        raise ValueError(f"a prediction cell must set `prediction = ...` on one line of its own, found {count}")
+    return emptied
+
+
 def student_notebook(nb, name: str = "notebook"):
     """A student copy of `nb` (a new notebook; `nb` is not changed) and the exercises it stubbed."""
     student = copy.deepcopy(nb)
@@ -214,6 +227,9 @@ def student_notebook(nb, name: str = "notebook"):
         _clear_outputs(student.cells[exercise.check_index])
     for cell in student.cells:  # a prediction's answer is revealed only when the student runs the cell
         if REVEAL_TAG in tags(cell):
+            _clear_outputs(cell)
+        if PREDICTION_TAG in tags(cell):  # the prediction is the student's own: none is given
+            cell.source = empty_prediction(cell.source)
             _clear_outputs(cell)
     student.metadata.setdefault("labkit", {})["copy"] = "student"
     return student, exercises

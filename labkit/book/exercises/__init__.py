@@ -30,12 +30,13 @@ from .ch09 import _ch09_cases, _ch09_history  # noqa: F401  (private, but tests/
 from .ch10 import CH10_CASES, CH10_HINTS, check_ch10_carries
 from .ch11 import CH11_CASES, CH11_HINTS, check_ch11_process_reward
 from .predict import check_prediction
-from .reveal import (RARE_ZERO_CHOICES, reveal_rare_zero, reveal_baseline, reveal_clip, reveal_identity, reveal_leash, reveal_separable, reveal_seeds,
+from .reveal import (RARE_ZERO_CHOICES, require_prediction_for, reveal_rare_zero, reveal_baseline, reveal_clip, reveal_identity, reveal_leash, reveal_separable, reveal_seeds,
                      reveal_split)
 
 __all__ = [
     "ExerciseError",
     "check_prediction",
+    "require_prediction_for",
     "reveal_identity",
     "reveal_baseline",
     "reveal_clip",

@@ -11,7 +11,7 @@ from __future__ import annotations
 from ...lab.runs import RunFolder
 from ...eval import paired
 from ...studies import ablations, reasoning_report, thinking_base
-from .predict import check_prediction
+from .predict import check_prediction, require_prediction
 
 
 IDENTITY_CHOICES = ("stays the same", "halves", "falls to a quarter")
@@ -19,6 +19,7 @@ IDENTITY_CHOICES = ("stays the same", "halves", "falls to a quarter")
 
 def reveal_identity(prediction, preset: str = "tiny") -> dict:
     """Chapter 2: from 16 to 64 sampled tokens, what happens to the score-function estimate's error?"""
+    require_prediction(prediction, **EXPECTED["reveal_identity"])  # refused before anything is shown
     identity = ablations.gradient_study_results(preset)["identity"]
     case = identity["cases"][-1]  # the case where the warm start is unsure
     sizes, errors = case["sizes"], case["none"]["rms_error"]
@@ -38,6 +39,7 @@ def reveal_identity(prediction, preset: str = "tiny") -> dict:
 
 def reveal_baseline(prediction, preset: str = "tiny") -> dict:
     """Chapter 3: which advantage gives the cleanest gradient at the warm start?"""
+    require_prediction(prediction, **EXPECTED["reveal_baseline"])  # refused before anything is shown
     study = ablations.gradient_study_results(preset)
     noise = study["noise"]
     schemes = noise["schemes"]
@@ -96,6 +98,7 @@ def _call(comparison: dict, alpha: float = paired.ALPHA) -> str:
 
 def reveal_clip(prediction, preset: str = "tiny") -> dict:
     """Chapter 4: with 16 updates per batch at 3e-4, what does widening the clip to 0.99 do on the test?"""
+    require_prediction(prediction, **EXPECTED["reveal_clip"])  # refused before anything is shown
     runs = ablations.load(preset, ("updates_4", "updates_4_clip_0p99", "updates_16", "updates_16_clip_0p99",
                          "updates_16_rate_3e-4", "updates_16_clip_0p99_rate_3e-4"))
     for clip, wide in (("updates_4", "updates_4_clip_0p99"), ("updates_16", "updates_16_clip_0p99"),
@@ -122,6 +125,7 @@ def reveal_clip(prediction, preset: str = "tiny") -> dict:
 
 def reveal_leash(prediction, preset: str = "tiny") -> dict:
     """Chapter 5: the smallest KL coefficient that halves the end-of-run KL of the run without a leash."""
+    require_prediction(prediction, **EXPECTED["reveal_leash"])  # refused before anything is shown
     runs = ablations.load(preset, ("beta_0", ablations.PARTNER, "beta_0p2", "beta_1", "beta_5"))
     betas = [(name, runs[name].kl_coef) for name in ("beta_0", ablations.PARTNER, "beta_0p2", "beta_1", "beta_5")]
     free = ablations.summary(runs["beta_0"])["kl_end"]
@@ -149,6 +153,7 @@ def reveal_leash(prediction, preset: str = "tiny") -> dict:
 
 def reveal_seeds(prediction, preset: str = "tiny") -> dict:
     """Chapter 6: three GRPO runs that differ only in their training seed: the spread of their test success."""
+    require_prediction(prediction, **EXPECTED["reveal_seeds"])  # refused before anything is shown
     spreads = {m: ablations.seed_spread(m, preset) for m in ablations.SEEDS}
     for m, s in spreads.items():
         print(f"{m.upper():<5} test per draw by seed: " + ", ".join(f"{r:.1%}" for r in s["test_per_draw"])
@@ -162,6 +167,7 @@ def reveal_seeds(prediction, preset: str = "tiny") -> dict:
 
 def reveal_separable(prediction, preset: str = "tiny") -> dict:
     """Chapter 7: of the three pairs of GRPO seeds, how many are separable at p < 0.05 on the test?"""
+    require_prediction(prediction, **EXPECTED["reveal_separable"])  # refused before anything is shown
     from itertools import combinations
 
     runs = ablations.load(preset, ablations.SEEDS["grpo"])
@@ -184,6 +190,7 @@ def reveal_separable(prediction, preset: str = "tiny") -> dict:
 
 def reveal_split(prediction, preset: str = "tiny") -> dict:
     """Chapter 8: at 64 prompts x G = 2, the share of groups with no signal (rewards all equal)."""
+    require_prediction(prediction, **EXPECTED["reveal_split"])  # refused before anything is shown
     runs = ablations.load(preset, ("split_64x2", "split_32x4", ablations.PARTNER, "split_8x16"))
     partner = runs[ablations.PARTNER]
     across = f"{partner.prompts_per_iteration} x {partner.G}"
@@ -222,6 +229,7 @@ def rare_zero_outcome(think_rate: float) -> str:
 
 def reveal_rare_zero(prediction, preset: str = "tiny") -> dict:
     """Chapter 11: GRPO from the base whose second phase never showed working: does the think rate rise?"""
+    require_prediction(prediction, **EXPECTED["reveal_rare_zero"])  # refused before anything is shown
     ba = reasoning_report.before_after("from_rare_0", preset)
     before, after = ba["before"]["think_rate"], ba["after"]["think_rate"]
     history = reasoning_report.run_history("from_rare_0", preset)
@@ -237,3 +245,23 @@ def reveal_rare_zero(prediction, preset: str = "tiny") -> dict:
         f"{RunFolder(thinking_base.default_run_dir(preset, 'rare_0')).manifest()['steps']} updates."))
 
 
+
+
+# What each reveal accepts as a prediction: checked before anything is measured or shown, and by the
+# prediction cell itself (`require_prediction_for`), so that a mistyped or empty prediction is refused
+# before the figures that answer it are drawn.
+EXPECTED = {
+    "reveal_identity": dict(choices=IDENTITY_CHOICES),
+    "reveal_baseline": dict(choices=tuple(ablations.SCHEME_WORDS.values())),
+    "reveal_clip": dict(choices=CLIP_CHOICES),
+    "reveal_leash": dict(choices=(0.02, 0.2, 1.0, 5.0)),
+    "reveal_seeds": dict(low=0.0, high=100.0),
+    "reveal_separable": dict(choices=(0, 1, 2, 3)),
+    "reveal_split": dict(share=True, low=0.0, high=1.0),
+    "reveal_rare_zero": dict(choices=RARE_ZERO_CHOICES),
+}
+
+
+def require_prediction_for(prediction, reveal) -> None:
+    """The prediction cell's check: refuse an empty or mistyped `prediction` for `reveal` (a reveal_* function)."""
+    require_prediction(prediction, **EXPECTED[reveal.__name__])
