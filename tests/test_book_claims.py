@@ -1,0 +1,48 @@
+"""Sentences of the book's pages that the lab's own files once contradicted (issue 57): each is checked
+against the files, so that the old sentence fails here."""
+
+import re
+from dataclasses import asdict
+
+from labkit.config import QWEN, TINY
+from labkit.lab.runs import REPO_ROOT
+
+BOOK = REPO_ROOT / "book"
+
+
+def test_the_presets_differ_in_the_model_and_the_two_rates_and_the_protocol_page_says_what_differs():
+    tiny, qwen = asdict(TINY), asdict(QWEN)
+    differing = {k for k in tiny if tiny[k] != qwen[k]} - {"name", "qwen_revision"}
+    assert differing == {"architecture", "sft_lr", "grpo_lr"}
+    page = (BOOK / "protocol.md").read_text()
+    assert "only the model's size and the two learning rates differ" not in page  # the tiny model's dropout too
+    from labkit.models.presets import qwen_config
+
+    dropout, qwen_dropout = TINY.architecture.attention_dropout, qwen_config().attention_dropout
+    assert f"attention dropout of {dropout:g}" in page and f"Qwen2.5's is {qwen_dropout:.1f}" in page
+    assert re.search(rf"\| attention dropout .*\| {qwen_dropout:.1f} \| {dropout:g} \|", page)
+
+
+def test_the_protocol_page_says_the_qwen_prompt_carries_qwens_default_system_turn():
+    page = (BOOK / "protocol.md").read_text()
+    assert "default system turn" in page and "ChatML with no system turn" in page
+
+
+def test_no_page_claims_the_qwen_path_has_run_on_a_gpu():
+    """It has run at full size on random weights on a CPU (the smoke), never on a GPU with the real weights."""
+    for path in (BOOK / "intro.md", REPO_ROOT / "README.md"):
+        text = " ".join(path.read_text().split())
+        assert "The same code runs the real Qwen2.5-0.5B-Instruct on a GPU." not in text, path.name
+        assert "has not yet been run on a GPU" in text or "not yet been run on a GPU" in text, path.name
+
+
+def test_the_student_copies_label_lands_on_its_section():
+    page = (BOOK / "instructor.md").read_text()
+    assert "(student-copies)=\n## Student copies\n" in page
+    assert page.count("(student-copies)=") == 1
+
+
+def test_the_setup_page_gives_a_student_who_only_wants_the_notebooks_make_setup():
+    page = (BOOK / "setup.md").read_text()
+    at = page.index("make setup")
+    assert at < page.index("npm"), "a student who only runs the notebooks is told about npm before make setup"
