@@ -46,3 +46,19 @@ def test_the_setup_page_gives_a_student_who_only_wants_the_notebooks_make_setup(
     page = (BOOK / "setup.md").read_text()
     at = page.index("make setup")
     assert at < page.index("npm"), "a student who only runs the notebooks is told about npm before make setup"
+
+
+def test_chapter_6_says_the_kl_peaks_mid_run_and_falls_back_as_the_history_shows():
+    """Chapter 6 once said the KL "grows from 0 as updates accumulate"; its own table peaks at iterations
+    51-60 and ends at 44% of the peak."""
+    import json
+
+    history = json.loads((REPO_ROOT / "runs" / "tiny" / "grpo" / "history.json").read_text())
+    kl = [h["kl"] for h in history]
+    blocks = [sum(v for v in kl[i:i + 10] if v is not None) / len([v for v in kl[i:i + 10] if v is not None])
+              for i in range(0, len(kl), 10)]
+    peak = max(range(len(blocks)), key=blocks.__getitem__)
+    assert blocks[0] < blocks[peak] and 2 <= peak <= len(blocks) - 3 and blocks[-1] < 0.6 * blocks[peak]
+    chapter = (REPO_ROOT / "notebooks" / "06_grpo_run.ipynb").read_text()
+    assert "peaks in the middle of the run and falls back" in chapter
+    assert "starts at 0 and grows while updates accumulate" not in chapter
