@@ -62,3 +62,31 @@ def test_chapter_6_says_the_kl_peaks_mid_run_and_falls_back_as_the_history_shows
     chapter = (REPO_ROOT / "notebooks" / "06_grpo_run.ipynb").read_text()
     assert "peaks in the middle of the run and falls back" in chapter
     assert "starts at 0 and grows while updates accumulate" not in chapter
+
+
+def test_k3s_gradient_is_named_the_same_way_on_every_page():
+    """Chapter 9's summary once called k3's expected gradient the reverse KL's, the objectives appendix the
+    forward KL's: both now write the KL out, KL(ref || cur)."""
+    chapter9 = (REPO_ROOT / "notebooks" / "09_variants.ipynb").read_text()
+    appendix = (REPO_ROOT / "notebooks" / "appendix_objectives.ipynb").read_text()
+    assert "expected gradient is that of the reverse KL" not in chapter9
+    assert "is the gradient of the forward KL" not in appendix
+    assert "better served by k2 in the loss than by k3" not in appendix
+
+
+def test_k2_and_k3_in_the_loss_end_at_the_same_test_success_as_the_appendix_says():
+    from labkit.studies import ablations
+
+    runs = ablations.load(names=("k2_beta_1", "k3_beta_1"))
+    k2, k3 = (ablations.summary(runs[n])["test_per_draw"] for n in ("k2_beta_1", "k3_beta_1"))
+    assert k2 == k3
+
+
+def test_no_assertion_message_cites_a_page_that_does_not_hold_its_number():
+    runs = (REPO_ROOT / "notebooks" / "appendix_runs.ipynb").read_text()
+    assert "the chapter's summary quotes 18,994 forwards" not in runs
+
+
+def test_chapter_9_no_longer_credits_the_real_signal_with_what_its_controls_do_not_show():
+    chapter9 = (REPO_ROOT / "notebooks" / "09_variants.ipynb").read_text()
+    assert "it is what makes the" not in chapter9 and "same updates keep the answers right" not in chapter9
