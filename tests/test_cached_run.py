@@ -108,3 +108,16 @@ def test_the_committed_cache_stays_under_40_mb():
         pytest.skip("not a git checkout with the cache committed")
     size = sum((REPO_ROOT / f).stat().st_size for f in files if (REPO_ROOT / f).is_file())
     assert size < 40 * 2**20, f"committed cache is {size / 2**20:.1f} MB"
+
+
+@pytest.mark.parametrize("policy", ["sft", "grpo"])
+def test_the_fast_sampler_gives_the_reference_samplers_tokens_on_every_evaluated_policy(policy):
+    """The evaluation samples with the fast sampler because it draws the reference's tokens; that was measured
+    on the warm start (sampler_agreement.json) and, for the other policies chapter 7 evaluates, on each of
+    them: the report is of the committed model (its parameter digest) and every rollout is identical."""
+    report = read_json(RUN / f"sampler_agreement_{policy}.json")
+    assert report["policy"]["parameter_digest"] == read_json(RUN / policy / "manifest.json")["final_digest"]
+    summary = report["summary"]
+    assert summary["greedy_identical"] == summary["greedy_rollouts"] == 200
+    assert summary["seeded_identical"] == summary["seeded_rollouts"] == 800
+    assert summary["unexplained_mismatches"] == 0
