@@ -260,31 +260,34 @@ class Sources:
         named = [_Rename(replace).visit(node) for node in copies]
         return [ast.dump(_drop_package_imports(node), include_attributes=False) for node in named]
 
-    def _chain_target(self, module: str, attrs: list[str]) -> tuple[str, int]:
-        """(what `module.a.b...` stands for, how many attributes that took): a symbol "m:n", or a module."""
+    def _walk_chain(self, module: str, attrs: list[str]) -> tuple[str, int]:
+        """Follow `module.a.b...` through submodules and re-exported modules: (the last module reached,
+        how many attributes that took); the attribute after them, if any, names a symbol of that module."""
         for i, attr in enumerate(attrs):
-            binding = self.modules[module].bindings.get(attr)
-            if f"{module}.{attr}" in self.modules and attr not in self.modules[module].symbols:
+            mod = self.modules[module]
+            binding = mod.bindings.get(attr)
+            if f"{module}.{attr}" in self.modules and attr not in mod.symbols:
                 module = f"{module}.{attr}"
-            elif binding is not None and binding[0] == "module" and attr not in self.modules[module].symbols:
+            elif binding is not None and binding[0] == "module" and attr not in mod.symbols:
                 module = binding[1]
             else:
-                targets = self.resolve_symbol(module, attr)
-                one = len(targets) == 1 and targets[0][1] != IMPORT_TIME
-                return (f"{targets[0][0]}:{targets[0][1]}" if one else f"{module}:{attr}"), i + 1
+                return module, i
         return module, len(attrs)
 
+    def _chain_target(self, module: str, attrs: list[str]) -> tuple[str, int]:
+        """(what `module.a.b...` stands for, how many attributes that took): a symbol "m:n", or a module."""
+        module, used = self._walk_chain(module, attrs)
+        if used == len(attrs):
+            return module, used
+        targets = self.resolve_symbol(module, attrs[used])
+        one = len(targets) == 1 and targets[0][1] != IMPORT_TIME
+        return (f"{targets[0][0]}:{targets[0][1]}" if one else f"{module}:{attrs[used]}"), used + 1
+
     def _through_module(self, module: str, attrs: list[str]) -> list[tuple[str, str]]:
-        """`module.a.b...`: the symbol the chain lands on, through submodules and re-exported modules."""
-        for attr in attrs:
-            binding = self.modules[module].bindings.get(attr)
-            if f"{module}.{attr}" in self.modules and attr not in self.modules[module].symbols:
-                module = f"{module}.{attr}"
-            elif binding is not None and binding[0] == "module" and attr not in self.modules[module].symbols:
-                module = binding[1]
-            else:
-                return self.resolve_symbol(module, attr)
-        return self.whole_module(module)  # the chain ends at a module used as a value
+        """`module.a.b...`: the symbol the chain lands on, or every symbol of the module it ends at (a
+        module used as a value)."""
+        module, used = self._walk_chain(module, attrs)
+        return self.whole_module(module) if used == len(attrs) else self.resolve_symbol(module, attrs[used])
 
     def reach(self, entries: list[str]) -> dict[str, list[str]]:
         """{"module:symbol": outside names it uses} for every symbol reachable from `entries`
