@@ -3,6 +3,7 @@ tensor where the inputs are float64, a tensor on another device, a whole number 
 Each is refused in one line that names the slip."""
 
 import math
+import re
 
 import pytest
 import torch
@@ -80,3 +81,16 @@ def test_chapter_6_refuses_a_nan_loss():
 
     with pytest.raises(ExerciseError, match=r"grpo_loss returned nan at index \(\): every value must be finite"):
         ch06.check_ch06_grpo_loss(nan_loss)
+
+
+@pytest.mark.parametrize("answer, hint", [
+    (lambda r: (r - r.mean(dim=1)) / (r.std(dim=1, correction=0) + 1e-8), "keep the group axis, r.mean(dim=1, keepdim=True)"),
+    (lambda r: (r - r.mean(dim=0, keepdim=True)) / (r.std(dim=0, correction=0, keepdim=True) + 1e-8),
+     "over each row (dim=1, one group per row), not down the columns"),
+    (lambda r: (r - r.mean()) / (r.std(correction=0) + 1e-8), "mean and std are taken within each group"),
+])
+def test_chapter_3_names_the_axis_slips_in_a_short_message(answer, hint):
+    """Issue 57: these slips got 750-character messages listing every number; now one group and the slip."""
+    with pytest.raises(ExerciseError, match=re.escape(hint)) as error:
+        ch03.check_ch03_group_advantages(answer)
+    assert len(str(error.value)) < 500

@@ -36,9 +36,14 @@ def _ch03_variants(rewards):
         "mean over all groups": (r - r.mean()) / (r.std(correction=0) + 1e-8),
         "not set to zero": centred / (centred.pow(2).mean(dim=1, keepdim=True).sqrt() + 1e-8),
         "torch.zeros": torch.zeros_like(r),
+        "statistics over dim 0": (r - r.mean(dim=0, keepdim=True)) / (r.std(dim=0, correction=0, keepdim=True) + 1e-8),
+        **({"mean without keepdim": (r - r.mean(dim=1)) / (r.std(dim=1, correction=0) + 1e-8)}
+           if r.shape[0] == r.shape[1] else {}),  # (groups,) against (groups, G) broadcasts only when square
     }
 
 
+CH03_KEEPDIM = ("r.mean(dim=1) has shape (groups,): keep the group axis, r.mean(dim=1, keepdim=True), so that each "
+                "group's statistic lines up with its own row of (groups, G)")
 CH03_HINTS = {
     "sample std": "use the population std (divide by G: `correction=0`), not torch's default sample std (G - 1)",
     "no eps": "add eps = 1e-8 to the std in the denominator: (r - mean) / (std + eps)",
@@ -48,7 +53,19 @@ CH03_HINTS = {
     "mean over all groups": "mean and std are taken within each group (dim=1), one row per prompt",
     "not set to zero": ("centring in floating point can leave ~1e-17 that the division by (0 + eps) blows up; "
                         "detect constant groups (all rewards equal) and give them exactly 0.0"),
+    "statistics over dim 0": "take the mean and std over each row (dim=1, one group per row), not down the columns",
+    "mean without keepdim": CH03_KEEPDIM,
 }
+
+
+def _first_difference(got, expected) -> str:
+    """The first group whose advantages differ, rounded: one line, however many groups the case has."""
+    import torch
+
+    g = int(torch.nonzero((got - expected).abs().amax(dim=1) > 1e-9)[0, 0])
+    where = f"group {g} " if got.shape[0] > 1 else ""
+    return (f"{where}returned {[round(v, 6) for v in got[g].tolist()]}, expected "
+            f"{[round(v, 6) for v in expected[g].tolist()]}")
 
 
 def check_ch03_group_advantages(group_advantages) -> bool:
@@ -69,7 +86,7 @@ def check_ch03_group_advantages(group_advantages) -> bool:
         rewards = torch.tensor(rows, dtype=torch.float64)
         where = f"case {number} of {total} ({what}): group_advantages({rows})"
         given = rewards.clone()
-        got = call_student(group_advantages, given, where=where)
+        got = call_student(group_advantages, given, where=where, on_shape_mismatch=CH03_KEEPDIM)
         if not torch.equal(given, rewards):
             raise ExerciseError(f"{where} changed the rewards in place to {given.tolist()}; leave them unchanged")
         if not isinstance(got, torch.Tensor) or tuple(got.shape) != tuple(rewards.shape):
@@ -87,8 +104,7 @@ def check_ch03_group_advantages(group_advantages) -> bool:
         matches = [name for name, value in _ch03_variants(rewards).items()
                    if name in CH03_HINTS and torch.allclose(got64, value, rtol=0.0, atol=1e-9)]
         if matches and not close and "not set to zero" not in matches:
-            raise ExerciseError(f"{where} returned {got64.tolist()}, expected {expected.tolist()}. "
-                                f"Hint: {CH03_HINTS[matches[0]]}.")
+            raise ExerciseError(f"{where}: {_first_difference(got64, expected)}. Hint: {CH03_HINTS[matches[0]]}.")
         constant = zero_variance_groups(rewards)
         wrong_zero = constant[:, None] & (got64 != 0.0)
         if wrong_zero.any():
@@ -97,7 +113,7 @@ def check_ch03_group_advantages(group_advantages) -> bool:
                                 f"{got64[g].tolist()}. Hint: {CH03_HINTS['not set to zero']}.")
         if close:
             continue
-        raise ExerciseError(f"{where} returned {got64.tolist()}, expected {expected.tolist()}. "
+        raise ExerciseError(f"{where}: {_first_difference(got64, expected)}. "
                             "Hint: A = (r - mean) / (std + 1e-8) within each group.")
     rewards = torch.tensor([[1.0, 0.0, 1.0, 0.0]], dtype=torch.float64, requires_grad=True)
     got = call_student(group_advantages, rewards, where="group_advantages on rewards that require grad")
