@@ -73,3 +73,14 @@ def test_a_check_that_refuses_the_protocols_reference_is_told():
 def test_a_crash_is_reported_not_raised():
     with pytest.raises(exercises.ExerciseError, match=r"raised KeyError: 'x'; signal a broken reference"):
         exercises.check_ch06_frozen_reference(lambda r, p, d: {}["x"])
+
+
+def test_a_check_that_returns_false_instead_of_raising_is_told_so():
+    """Issue 57: a check that found the alias and returned False was told it "let it through"."""
+    def returns_false(reference, policy, start_digest):
+        return reference is not policy and not {p.data_ptr() for p in reference.parameters()} & {
+            p.data_ptr() for p in policy.parameters()}
+
+    with pytest.raises(exercises.ExerciseError, match=r"case 2 of 6 .*your check returned False; a check signals a "
+                                                      r"broken reference by raising AssertionError"):
+        exercises.check_ch06_frozen_reference(returns_false)

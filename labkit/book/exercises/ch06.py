@@ -398,9 +398,13 @@ def check_ch06_frozen_reference(check_reference, start_file=None) -> bool:
     start_digest = presets.parameter_digest(cases[0][1])
     for number, (what, reference, policy, must_refuse) in enumerate(cases, start=1):
         where = f"case {number} of {len(cases)} ({what})"
-        refusal = call_student(check_reference, reference, policy, start_digest, where=where,
-                               hint="; signal a broken reference with AssertionError (assert ...)",
+        returned = []
+        refusal = call_student(lambda *args: returned.append(check_reference(*args)), reference, policy, start_digest,
+                               where=where, hint="; signal a broken reference with AssertionError (assert ...)",
                                assertion_is_answer=True)
+        if refusal is None and returned and returned[0] is False:
+            raise ExerciseError(f"{where}: your check returned False; a check signals a broken reference by raising "
+                                "AssertionError (assert ...): the loop that calls it ignores what it returns")
         if refusal is not None:
             if not must_refuse:
                 said = (str(refusal).splitlines() or ["no message"])[0]
