@@ -94,3 +94,21 @@ def test_chapter_3_names_the_axis_slips_in_a_short_message(answer, hint):
     with pytest.raises(ExerciseError, match=re.escape(hint)) as error:
         ch03.check_ch03_group_advantages(answer)
     assert len(str(error.value)) < 500
+
+
+def test_chapter_1_refuses_a_parser_that_reads_before_it_checks_the_length():
+    """Issue 57: a check that parsed first passed every case, then raised RecursionError on a deep nesting."""
+    import json
+
+    from labkit.book.exercises import ch01
+    from labkit.task.verifier import parse_answer
+
+    def parse_first(text):
+        try:
+            json.loads(text)
+        except json.JSONDecodeError:
+            return False
+        return parse_answer(text).valid
+
+    with pytest.raises(ExerciseError, match="raised RecursionError.*Hint: check the length before parsing"):
+        ch01.check_ch01_is_valid_answer(parse_first)

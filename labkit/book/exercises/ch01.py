@@ -36,7 +36,10 @@ CH01_RESPONSES = (
     "",
     "\x00",
     "[" * 200,
+    "[" * 100_000,  # oversized and nested past Python's recursion limit: the length comes first
 )
+CH01_DEEP = ("check the length before parsing: 100,000 nested brackets make json.loads recurse past Python's "
+             "limit (RecursionError), and the 256-character rule refuses the text without reading it")
 
 CH01_HINTS = {
     "boolean": "in Python `True` is an int (isinstance(True, int) is True): test `type(v) is int`",
@@ -67,9 +70,10 @@ def check_ch01_is_valid_answer(is_valid_answer) -> bool:
     for number, text in enumerate(CH01_RESPONSES, start=1):
         expected = parse_answer(text)
         where = f"case {number} of {total}: is_valid_answer({text[:60]!r}{'...' if len(text) > 60 else ''})"
+        deep = len(text) > 10_000
         got = call_student(is_valid_answer, text, where=where, not_written="is_valid_answer",
-                           hint=". A verifier must answer for every string; catch the parser's errors "
-                                "and return False.")
+                           hint=f". Hint: {CH01_DEEP}." if deep else ". A verifier must answer for every string; "
+                                                                      "catch the parser's errors and return False.")
         if type(got) is not bool:
             raise ExerciseError(f"{where} returned {got!r} ({type(got).__name__}); return True or False.")
         if got != expected.valid:
