@@ -480,7 +480,7 @@ def test_chapter_1_checker_accepts_the_reference_and_explains_mistakes(capsys):
 
     assert check_ch01_is_valid_answer(reference_is_valid_answer) is True
     assert "all 28 responses" in capsys.readouterr().out
-    assert len(CH01_RESPONSES) == 27
+    assert len(CH01_RESPONSES) == 28
 
     def lenient(text):  # forgets that True is an int in Python
         try:
@@ -490,13 +490,13 @@ def test_chapter_1_checker_accepts_the_reference_and_explains_mistakes(capsys):
         return isinstance(obj, dict) and list(obj) == ["final_stock"] and isinstance(obj["final_stock"], int) \
             and 0 <= obj["final_stock"] <= 300
 
-    with pytest.raises(ExerciseError, match=r"case 13 of 27: .*true.*boolean.*type\(v\) is int"):
+    with pytest.raises(ExerciseError, match=r"case 13 of 28: .*true.*boolean.*type\(v\) is int"):
         check_ch01_is_valid_answer(lenient)
-    with pytest.raises(ExerciseError, match=r"case 3 of 27: .* raised JSONDecodeError"):
+    with pytest.raises(ExerciseError, match=r"case 3 of 28: .* raised JSONDecodeError"):
         check_ch01_is_valid_answer(lambda text: json.loads(text) is not None)
     with pytest.raises(ExerciseError, match=r"returned 1 \(int\); return True or False"):
         check_ch01_is_valid_answer(lambda text: 1)
-    with pytest.raises(ExerciseError, match=r"case 2 of 27: .*valid answer \(value 43\); you returned False"):
+    with pytest.raises(ExerciseError, match=r"case 2 of 28: .*valid answer \(value 43\); you returned False"):
         check_ch01_is_valid_answer(lambda text: text == '{"final_stock": 43}')
 
 
