@@ -112,3 +112,34 @@ def test_chapter_1_refuses_a_parser_that_reads_before_it_checks_the_length():
 
     with pytest.raises(ExerciseError, match="raised RecursionError.*Hint: check the length before parsing"):
         ch01.check_ch01_is_valid_answer(parse_first)
+
+
+def _blocked_kl(cur, ref, block_size, global_max=False, drop_last=False):
+    """A blocked KL written from torch alone, with two optional slips."""
+    V = cur.shape[-1]
+
+    def logsumexp(z):
+        m = z.max() if global_max else z.max(dim=-1, keepdim=True).values
+        total = sum((z[:, i:i + block_size] - m).exp().sum(-1, keepdim=True) for i in range(0, V, block_size))
+        return m + total.log()
+
+    lse_cur, lse_ref = logsumexp(cur), logsumexp(ref)
+    stop = (V // block_size) * block_size if drop_last and V % block_size else V
+    out = torch.zeros(cur.shape[0], dtype=cur.dtype)
+    for i in range(0, stop, block_size):
+        lp, lq = cur[:, i:i + block_size] - lse_cur, ref[:, i:i + block_size] - lse_ref
+        out = out + (lp.exp() * (lp - lq)).sum(-1)
+    return out
+
+
+@pytest.mark.parametrize("answer, message", [
+    (lambda c, r, b: _blocked_kl(c, r, b, global_max=True), "subtract each row's own maximum, z.max\\(dim=-1, "
+                                                             "keepdim=True\\), not one maximum of the whole tensor"),
+    (lambda c, r, b: _blocked_kl(c, r, b, drop_last=True), "the last block, shorter than block_size .* is left out"),
+    (lambda c, r, b: (torch.log_softmax(c, -1).exp() * (torch.log_softmax(c, -1) - torch.log_softmax(r, -1))).sum(-1),
+     "your function called log_softmax on all V = 50 columns at once"),
+])
+def test_chapter_5_names_the_row_maximum_the_last_block_and_the_whole_row(answer, message):
+    with pytest.raises(ExerciseError, match=message):
+        ch05.check_ch05_blocked_kl(answer)
+    assert ch05.check_ch05_blocked_kl(_blocked_kl)
