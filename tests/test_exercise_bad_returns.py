@@ -143,3 +143,13 @@ def test_chapter_5_names_the_row_maximum_the_last_block_and_the_whole_row(answer
     with pytest.raises(ExerciseError, match=message):
         ch05.check_ch05_blocked_kl(answer)
     assert ch05.check_ch05_blocked_kl(_blocked_kl)
+
+
+@pytest.mark.parametrize("answer, hint", [
+    (lambda lc, lo, A, eps: right_ch04(lc, lo, A, 0.2), r"you clipped at 0.2 whatever clip_eps says \(here 0.1\)"),
+    (lambda lc, lo, A, eps: torch.minimum((lc - lo).exp() * A[:, None], (lc - lo).clamp(-eps, eps).exp() * A[:, None]),
+     "you clipped the log-ratio to \\[-eps, eps\\]"),
+])
+def test_chapter_4_names_a_hard_coded_epsilon_and_a_clipped_log_ratio(answer, hint):
+    with pytest.raises(ExerciseError, match=hint):
+        ch04.check_ch04_clipped_objective(answer)

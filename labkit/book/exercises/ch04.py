@@ -57,11 +57,16 @@ def _ch04_slip(got, logp_cur, logp_old, clip_eps: float) -> str:
                                     "the one that binds when A > 0 (clip(rho, 1 - eps, 1 + eps))"),
         (-objective(rho), "you returned the loss, minus the objective: return the objective itself (the loss "
                           "that is minimised is its negative, taken later)"),
+        (objective(rho, low=0.8, high=1.2) if clip_eps != 0.2 else None,
+         f"you clipped at 0.2 whatever clip_eps says (here {clip_eps}): use the clip_eps argument"),
+        (torch.minimum(unclipped, (logp_cur - logp_old).clamp(-clip_eps, clip_eps).exp() * A),
+         "you clipped the log-ratio to [-eps, eps]: clip the ratio rho itself to [1 - eps, 1 + eps] (exp(eps) is "
+         "not 1 + eps)"),
         (objective(1 / rho), f"your ratio is upside down: {ratio_hint}"),
         (objective(logp_cur / logp_old), f"your ratio divides the log-probs: {ratio_hint}"),
     )
     for formula, hint in slips:
-        if torch.allclose(got, formula, rtol=0, atol=1e-9):
+        if formula is not None and torch.allclose(got, formula, rtol=0, atol=1e-9):
             return hint
     return "min(rho A, clip(rho, 1 - eps, 1 + eps) A), with rho = exp(logp_cur - logp_old)"
 
