@@ -153,3 +153,12 @@ def test_chapter_5_names_the_row_maximum_the_last_block_and_the_whole_row(answer
 def test_chapter_4_names_a_hard_coded_epsilon_and_a_clipped_log_ratio(answer, hint):
     with pytest.raises(ExerciseError, match=hint):
         ch04.check_ch04_clipped_objective(answer)
+
+
+@pytest.mark.parametrize("answer, hint", [
+    (lambda ps, G: sum(p ** G + (1 - p) ** G for p in ps), "you summed over the prompts: the fraction is the mean"),
+    (lambda ps, G: sum(p ** (G - 1) + (1 - p) ** (G - 1) for p in ps) / len(ps), "the exponent is G"),
+])
+def test_chapter_8_names_a_sum_for_a_mean_and_the_exponent(answer, hint):
+    with pytest.raises(ExerciseError, match=hint):
+        ch08.check_ch08_mixed_zero_signal(answer)

@@ -172,6 +172,10 @@ def check_ch08_mixed_zero_signal(zero_signal_of_batch) -> bool:
         (lambda ps, G: sum((1 - p) ** G for p in ps) / len(ps), "you counted only the all-wrong groups"),
         (lambda ps, G: 1 - _ch08_mixed_zero_signal(ps, G),
          "that is the fraction WITH signal; the question asks for the groups without"),
+        (lambda ps, G: sum(p ** G + (1 - p) ** G for p in ps),
+         "you summed over the prompts: the fraction is the mean, so divide by the number of prompts"),
+        (lambda ps, G: sum(p ** (G - 1) + (1 - p) ** (G - 1) for p in ps) / len(ps),
+         "the exponent is G, the number of responses in a group (not G - 1)"),
     )
     values = []
     for number, (ps, G) in enumerate(CH08_MIXED_CASES, start=1):
