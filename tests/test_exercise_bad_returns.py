@@ -162,3 +162,14 @@ def test_chapter_4_names_a_hard_coded_epsilon_and_a_clipped_log_ratio(answer, hi
 def test_chapter_8_names_a_sum_for_a_mean_and_the_exponent(answer, hint):
     with pytest.raises(ExerciseError, match=hint):
         ch08.check_ch08_mixed_zero_signal(answer)
+
+
+def test_chapter_11_names_the_integer_division():
+    from labkit.book.exercises import ch11
+    from labkit.studies import reasoning
+
+    def floor_share(verdict, chain):
+        return reasoning.right_steps(verdict, chain) // max(len(chain.movements), len(verdict.steps))
+
+    with pytest.raises(ExerciseError, match="you returned the whole number 0: `//` rounds down"):
+        ch11.check_ch11_process_reward(floor_share)

@@ -6,7 +6,7 @@ import math
 
 from ...task import worked
 from ...studies import reasoning
-from ._calling import ExerciseError, call_student, require_function
+from ._calling import ExerciseError, call_student, integer_division_hint, require_function
 
 CHAIN = worked.Chain(41, (35, 12, -30, -7))  # levels 76, 88, 58, 51
 _RIGHT = worked.worked_text(CHAIN)
@@ -58,7 +58,8 @@ def check_ch11_process_reward(process_reward) -> bool:
         if abs(got - expected) <= 1e-9:
             continue
         slips = [name for name, value in _decoys(verdict, CHAIN).items() if abs(value - got) <= 1e-9]
-        hint = CH11_HINTS[slips[0]] if slips else "count the steps that are right in order, over max(k, steps written)"
+        hint = (integer_division_hint(got, expected) or (CH11_HINTS[slips[0]] if slips else
+                "count the steps that are right in order, over max(k, steps written)"))
         raise ExerciseError(f"{where} returned {got:g}, expected {expected:g} "
                             f"({reasoning.right_steps(verdict, CHAIN)} right steps of k = {len(CHAIN.movements)}, "
                             f"{len(verdict.steps)} written). Hint: {hint}.")
