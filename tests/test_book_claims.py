@@ -60,7 +60,7 @@ def test_chapter_6_says_the_kl_peaks_mid_run_and_falls_back_as_the_history_shows
     peak = max(range(len(blocks)), key=blocks.__getitem__)
     assert blocks[0] < blocks[peak] and 2 <= peak <= len(blocks) - 3 and blocks[-1] < 0.6 * blocks[peak]
     chapter = (REPO_ROOT / "notebooks" / "06_grpo_run.ipynb").read_text()
-    assert "peaks in the middle of the run and falls back" in chapter
+    assert "starts at 0, peaks mid-run and falls back" in chapter
     assert "starts at 0 and grows while updates accumulate" not in chapter
 
 
