@@ -271,3 +271,20 @@ def test_a_damaged_file_is_named_as_damaged_and_the_steps_built_from_it_stay_fre
     assert {n: v["status"] for n, v in verdicts.items() if n != "warm_start"} == \
         {n: "fresh" for n in steps.STEP_NAMES if n != "warm_start"}, cache.format_check(verdicts)
     assert cache.to_rebuild(steps.STEPS, verdicts) == []  # restored, not rebuilt
+
+
+def test_the_sweeps_remembered_code_digest_is_the_one_computed(tmp_path, monkeypatch):
+    """sweep.code_digest remembers its digest under the SHA-256 of every source's bytes: what it reads back is
+    what the fingerprint computes from the same sources."""
+    import tempfile
+
+    from labkit.lab.fingerprint import digest_of
+    from labkit.studies import sweep
+
+    monkeypatch.setattr(tempfile, "gettempdir", lambda: str(tmp_path))
+    computed = digest_of(Sources.in_folder(REPO_ROOT).fingerprint([sweep.RUN_ENTRY]))
+    assert sweep._remembered_digest(lambda: computed) == computed  # computed, then written
+    assert sweep._remembered_digest(lambda: "never asked") == computed  # read back
+    (memo,) = (tmp_path / "labkit-code-digest").iterdir()
+    memo.write_text("damaged\n")
+    assert sweep._remembered_digest(lambda: computed) == computed  # a damaged memo is computed again

@@ -67,6 +67,9 @@ class Sources:
 
     def __init__(self, texts: dict[str, str], packages: set[str]):
         self.texts = texts
+        self._references: dict[tuple[str, str], tuple] = {}  # what each symbol uses, found once (steps share most)
+        self._digests: dict[tuple[str, str], str] = {}
+        self._lines: dict[str, list[str]] = {}
         self.modules: dict[str, Module] = {}
         for name, text in texts.items():
             self.modules[name] = self._parse(name, text, name in packages)
@@ -234,7 +237,7 @@ class Sources:
         and the package's own imports dropped (the names say where they lead).  So importing a module
         under another name, or a symbol from where it is re-exported, changes no digest."""
         mod = self.modules[module]
-        copies = [strip_docstrings(_copy(node)) for node in self.nodes_of(module, name)]
+        copies = [strip_docstrings(self._fresh_copy(module, node)) for node in self.nodes_of(module, name)]
         local = self._local_bindings(mod, copies)
         replace: dict[int, str] = {}  # id of a node -> the name that stands for it
         for node in copies:
@@ -259,6 +262,19 @@ class Sources:
                     replace[id(name_node)] = f"outside:{binding[1]}"
         named = [_Rename(replace).visit(node) for node in copies]
         return [ast.dump(_drop_package_imports(node), include_attributes=False) for node in named]
+
+    def _fresh_copy(self, module: str, node: ast.stmt) -> ast.stmt:
+        """A new tree of the top-level statement `node`, parsed again from its lines (much faster than a
+        deep copy; the same tree but for positions, which no digest reads)."""
+        start = min([node.lineno] + [d.lineno for d in getattr(node, "decorator_list", [])])
+        if module not in self._lines:
+            self._lines[module] = self.texts[module].splitlines(keepends=True)
+        lines = self._lines[module][start - 1: node.end_lineno]
+        try:
+            body = ast.parse("".join(lines)).body
+        except SyntaxError:
+            body = []
+        return body[0] if len(body) == 1 else _copy(node)  # two statements on one line: copy the node itself
 
     def _walk_chain(self, module: str, attrs: list[str]) -> tuple[str, int]:
         """Follow `module.a.b...` through submodules and re-exported modules: (the last module reached,
@@ -303,7 +319,9 @@ class Sources:
             key = todo.pop()
             if key in seen:
                 continue
-            reached, outside = self.references(*key)
+            if key not in self._references:
+                self._references[key] = self.references(*key)
+            reached, outside = self._references[key]
             seen[key] = outside
             todo += reached
             todo.append((key[0], IMPORT_TIME))
@@ -314,8 +332,10 @@ class Sources:
         out = {}
         for key, outside in self.reach(entries).items():
             module, _, name = key.partition(":")
-            text = json.dumps({"code": self.canonical(module, name), "outside": outside})
-            out[key] = hashlib.sha256(text.encode("utf-8")).hexdigest()[:DIGEST_CHARS]
+            if (module, name) not in self._digests:
+                text = json.dumps({"code": self.canonical(module, name), "outside": outside})
+                self._digests[(module, name)] = hashlib.sha256(text.encode("utf-8")).hexdigest()[:DIGEST_CHARS]
+            out[key] = self._digests[(module, name)]
         return out
 
     def files_of(self, keys) -> set[str]:
