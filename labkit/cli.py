@@ -329,7 +329,7 @@ def cmd_cache(args: argparse.Namespace) -> int:
 def restamp_cache(preset: str, chosen: tuple, commit: str) -> int:
     """Adopt the code fingerprints without a rebuild: each step recorded by file bytes gets the fingerprint
     of exactly the code those bytes prove (`labkit.lab.cache.restamp`), and the sweeps' runs their new
-    names (`labkit.studies.sweep.restamp`).  A step whose bytes do not match `commit` is refused by name."""
+    names (`labkit.studies.sweep.restamp_runs`).  A step whose bytes do not match `commit` is refused by name."""
     from .lab import cache
     from .lab.fingerprint import Sources
     from .lab.runs import write_json
