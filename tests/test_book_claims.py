@@ -90,3 +90,17 @@ def test_no_assertion_message_cites_a_page_that_does_not_hold_its_number():
 def test_chapter_9_no_longer_credits_the_real_signal_with_what_its_controls_do_not_show():
     chapter9 = (REPO_ROOT / "notebooks" / "09_variants.ipynb").read_text()
     assert "it is what makes the" not in chapter9 and "same updates keep the answers right" not in chapter9
+
+
+def test_chapter_5_states_the_beta_sweeps_budget_as_the_sweep_file_sets_it():
+    import json
+
+    import nbformat
+
+    config = json.loads((REPO_ROOT / "sweeps" / "ablations.json").read_text())["config"]
+    chapter5 = nbformat.read(REPO_ROOT / "notebooks" / "05_exact_kl.ipynb", as_version=4)
+    text = " ".join(" ".join(c.source.split()) for c in chapter5.cells if c.cell_type == "markdown")
+    found = re.search(r"(\d+) prompts x G = (\d+), (\d+) iterations, rate ([0-9.e-]+)", text)
+    assert found, "chapter 5 does not state the beta sweep's budget"
+    assert (int(found[1]), int(found[2]), int(found[3]), float(found[4])) == (
+        config["prompts_per_iteration"], config["G"], config["grpo_iterations"], config["grpo_lr"])
