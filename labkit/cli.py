@@ -332,7 +332,7 @@ def restamp_cache(preset: str, chosen: tuple, commit: str) -> int:
     names (`labkit.studies.sweep.restamp_runs`).  A step whose bytes do not match `commit` is refused by name."""
     from .lab import cache
     from .lab.fingerprint import Sources
-    from .lab.runs import write_json
+    from .lab.runs import REPO_ROOT, write_json
     from .studies import sweep
 
     commit = cache.resolve_commit(commit)
@@ -353,10 +353,15 @@ def restamp_cache(preset: str, chosen: tuple, commit: str) -> int:
     # The sweeps' runs were named by the byte digests of the GRPO and evaluation steps' files at `commit`.
     legacy = {}
     for name in ("grpo", "evaluation"):
-        legacy.update(cache.byte_record_at(preset, name, commit, cache.REPO_ROOT))
+        legacy.update(cache.byte_record_at(preset, name, commit, REPO_ROOT))
     inputs_sha256 = {k: v for k, v in legacy.items() if not k.startswith("runs/")}
-    sources = Sources.at_commit(cache.REPO_ROOT, commit)
-    for sweep_file in sorted((cache.REPO_ROOT / "sweeps").glob("*.json")):
+    try:
+        cache.check_byte_record("the sweeps' runs", inputs_sha256, preset, commit)
+    except cache.RestampRefused as err:
+        print(f"sweeps REFUSED: {err}", file=sys.stderr)
+        return 1
+    sources = Sources.at_commit(REPO_ROOT, commit)
+    for sweep_file in sorted((REPO_ROOT / "sweeps").glob("*.json")):
         specs = sweep.plan(preset, sweep.load_runs(sweep_file, preset), starts=sweep.load_starts(sweep_file),
                            settings=sweep.load_settings(sweep_file), root=sweep.sweep_root(sweep_file, preset))
         moved = sweep.restamp_runs(specs, inputs_sha256, sources, commit)

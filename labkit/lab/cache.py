@@ -205,16 +205,7 @@ def restamp(step: CacheStep, preset: str, commit: str, repo: Path = REPO_ROOT) -
     (naming the file) when a recorded file differs at `commit`, or when the step reaches a module its
     byte record did not cover (outside its `unrecorded` ones)."""
     legacy = byte_record_at(preset, step.name, commit, repo)
-    for rel, digest in legacy.items():
-        if rel.startswith(f"runs/{preset}/"):
-            continue  # run files are outputs: compared with the working tree by `check`, as before
-        try:
-            data = git_show(repo, commit, rel)
-        except Exception:  # noqa: BLE001  (git names the missing path; we name the step too)
-            raise RestampRefused(f"{step.name}: {rel} is recorded but {commit} does not hold it") from None
-        if sha256_bytes(data) != digest:
-            raise RestampRefused(f"{step.name}: {rel} at {commit} is not the file the step was built with "
-                                 f"(SHA-256 {sha256_bytes(data)[:12]}..., recorded {digest[:12]}...)")
+    check_byte_record(step.name, legacy, preset, commit, repo)
     sources = Sources.at_commit(repo, commit)
     code = code_fingerprint(step, sources)
     uncovered = sorted(sources.files_of(code) - set(legacy))
@@ -223,6 +214,21 @@ def restamp(step: CacheStep, preset: str, commit: str, repo: Path = REPO_ROOT) -
     files = {rel: legacy.get(rel) for rel in step.files}
     files.update({f"runs/{preset}/{rel}": legacy.get(f"runs/{preset}/{rel}") for rel in step.upstream})
     return {"code": code, "files": files, "restamped_from": resolve_commit(commit, repo)}
+
+
+def check_byte_record(name: str, record: dict, preset: str, commit: str, repo: Path = REPO_ROOT) -> None:
+    """Refuse (naming `name` and the file) unless every file of a byte record, run files aside, is at
+    `commit` with the recorded SHA-256: only then does the record prove that commit's code made it."""
+    for rel, digest in record.items():
+        if rel.startswith(f"runs/{preset}/"):
+            continue  # run files are outputs: compared with the working tree by `check`, as before
+        try:
+            data = git_show(repo, commit, rel)
+        except Exception:  # noqa: BLE001  (git names the missing path; we name the step too)
+            raise RestampRefused(f"{name}: {rel} is recorded but {commit} does not hold it") from None
+        if sha256_bytes(data) != digest:
+            raise RestampRefused(f"{name}: {rel} at {commit} is not the file it was built with "
+                                 f"(SHA-256 {sha256_bytes(data)[:12]}..., recorded {digest[:12]}...)")
 
 
 def byte_record_at(preset: str, name: str, commit: str, repo: Path) -> dict:

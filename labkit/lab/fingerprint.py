@@ -16,8 +16,9 @@ fingerprinted in three moves:
    brings all of its symbols.  Names that leave the package (torch, the standard library) are part
    of the symbol's digest as what they resolve to ("torch.nn.functional");
 3. each reached symbol is digested as `ast.dump` of its definition with every docstring removed
-   (line numbers, comments and layout are not in the tree), and the step's fingerprint is the table
-   {"module:symbol": digest}.
+   (line numbers, comments and layout are not in the tree), every name that leaves it written as what
+   it stands for and the package's own imports dropped (`Sources.canonical`: importing a module under
+   another name changes nothing), and the step's fingerprint is the table {"module:symbol": digest}.
 
 So a comment, a docstring, a re-wrapped line or a function no step uses changes no fingerprint, and
 a changed statement in a reached function changes exactly the steps that reach it.  Nothing here

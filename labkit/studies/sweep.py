@@ -230,13 +230,18 @@ def fingerprint(spec: dict, code: str | None = None) -> str:
     """12 hex digits naming a run by everything that makes its numbers.
 
     code: the digest of what the run's code does (`code_digest`; default: the working tree's)."""
+    return _named_by(spec, {"code": code or code_digest(), "data_sha256": data_digests(DATA_FILES)})
+
+
+def _named_by(spec: dict, code_and_data: dict) -> str:
+    """12 hex digits of the run's identity: its settings, start and proxy, and `code_and_data` (how the code
+    and data that made it are named: today's fingerprint, or the byte digests of `legacy_fingerprint`)."""
     from ..config import get_preset
 
     config = get_preset(spec["preset"]).with_overrides(**spec.get("config_overrides", {}))
     identity = {"config": config.to_dict(), "variant": spec["options"], "G": spec["G"],
                 "iterations": spec["iterations"], "sampler": spec["sampler"],
-                "start_sha256": sha256_file(spec["start_file"]), "code": code or code_digest(),
-                "data_sha256": data_digests(DATA_FILES),
+                "start_sha256": sha256_file(spec["start_file"]), **code_and_data,
                 # only where a file asks for it, so that chapter 9's runs keep the fingerprints they had
                 **({"shared_prompts": True} if spec.get("shared_prompts") else {}),
                 # the proxy a learned-reward run optimises makes its numbers too
@@ -389,15 +394,7 @@ def _restamped(root: Path) -> dict[str, Path]:
 def legacy_fingerprint(spec: dict, inputs_sha256: dict[str, str]) -> str:
     """The fingerprint a run had when its code was named by file bytes ({path: SHA-256} of the GRPO and
     evaluation steps' recorded files, data included)."""
-    from ..config import get_preset
-
-    config = get_preset(spec["preset"]).with_overrides(**spec.get("config_overrides", {}))
-    identity = {"config": config.to_dict(), "variant": spec["options"], "G": spec["G"],
-                "iterations": spec["iterations"], "sampler": spec["sampler"],
-                "start_sha256": sha256_file(spec["start_file"]), "inputs_sha256": inputs_sha256,
-                **({"shared_prompts": True} if spec.get("shared_prompts") else {}),
-                **({"reward_model_sha256": spec["reward_model_sha256"]} if "reward_model_sha256" in spec else {})}
-    return hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()[:12]
+    return _named_by(spec, {"inputs_sha256": inputs_sha256})
 
 
 def restamp_runs(specs: list[dict], inputs_sha256: dict[str, str], sources, commit: str) -> list[tuple[str, str]]:
