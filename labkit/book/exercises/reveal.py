@@ -32,7 +32,7 @@ def reveal_identity(prediction, preset: str = "tiny") -> dict:
           + f"; error x sqrt(N) stays between {min(scaled):.3f} and {max(scaled):.3f}.")
     print(f"Bias (the mean of {identity['trials']:,} estimates minus the exact gradient) at N = {sizes[-1]}: "
           f"{case['none']['bias'][-1]:.5f}.")
-    return check_prediction(prediction, measured, choices=IDENTITY_CHOICES, why=(
+    return check_prediction(prediction, measured, **EXPECTED["reveal_identity"], why=(
         f"each estimate averages N independent terms r(a)(onehot(a) - pi) whose mean is the exact gradient, so "
         f"its error is their spread over sqrt(N): 4 times the samples, half the error (measured ratio {ratio:.2f})."))
 
@@ -65,8 +65,7 @@ def reveal_baseline(prediction, preset: str = "tiny") -> dict:
     separable = [BASELINE_RUNS[r["name"]] for r in trained if r["p"] < paired.ALPHA]
     largest = max(abs(100 * r["difference"]) for r in trained)
     spread = 100 * ablations.seed_spread("grpo", preset)["spread"]
-    choices = tuple(ablations.SCHEME_WORDS.values())
-    return check_prediction(prediction, ablations.SCHEME_WORDS[best], choices=choices, why=(
+    return check_prediction(prediction, ablations.SCHEME_WORDS[best], **EXPECTED["reveal_baseline"], why=(
         f"a baseline only helps where it makes the terms smaller.  A wrong answer's tokens were sampled at low "
         f"probability, so their gradients are large; a baseline pushes every wrong answer down with them, the raw "
         f"0/1 reward leaves them out.  The one-token game shows both sides at N = 16: where the warm start is sure "
@@ -115,7 +114,7 @@ def reveal_clip(prediction, preset: str = "tiny") -> dict:
                                       names=("warm start", "16 updates, clip 0.2"))
     print(f"Against the warm start, 16 updates at 3e-4 with the clip: {against_start['test_sample']['verdict']}.")
     s, w = ablations.summary(fast), ablations.summary(fast_wide)
-    return check_prediction(prediction, _call(c), choices=CLIP_CHOICES, why=(
+    return check_prediction(prediction, _call(c), **EXPECTED["reveal_clip"], why=(
         f"each update on the same batch moves the policy further from the one that sampled it.  With the clip, "
         f"{s['clip_end']:.1%} of the tokens ended in the clipped region (the ratio outside "
         f"[{1 - fast.clip_eps:g}, {1 + fast.clip_eps:g}] on the side "
@@ -145,7 +144,7 @@ def reveal_leash(prediction, preset: str = "tiny") -> dict:
                              f"p = {c['p_permutation']:.2g})")
     tested = ("on the test, " + ", ".join(separable) + " differs from no leash at p < 0.05"
               if separable else "on the test, no beta differs from no leash at p < 0.05")
-    return check_prediction(prediction, measured, choices=(0.02, 0.2, 1.0, 5.0), why=(
+    return check_prediction(prediction, measured, **EXPECTED["reveal_leash"], why=(
         f"the penalty pulls with beta times the KL's gradient.  At the protocol's beta the run ends with "
         f"{protocol_share:.0%} of the free run's KL: at this budget the leash does not bind; the KL halves only "
         f"once beta reaches {measured:g}.  On success: {tested}."))
@@ -159,7 +158,7 @@ def reveal_seeds(prediction, preset: str = "tiny") -> dict:
         print(f"{m.upper():<5} test per draw by seed: " + ", ".join(f"{r:.1%}" for r in s["test_per_draw"])
               + f"; spread {100 * s['spread']:.1f} points")
     g = spreads["grpo"]
-    return check_prediction(prediction, round(100 * g["spread"], 1), tolerance=1.0, low=0.0, high=100.0, why=(
+    return check_prediction(prediction, round(100 * g["spread"], 1), tolerance=1.0, **EXPECTED["reveal_seeds"], why=(
         f"each seed draws other prompts in another order and samples other rollouts: the same method lands "
         f"{100 * g['spread']:.1f} points apart.  An ablation's effect smaller than that is not told apart from a "
         "lucky seed by one run of each."))
@@ -182,7 +181,7 @@ def reveal_separable(prediction, preset: str = "tiny") -> dict:
         c = ablations.compare(start, runs[name], names=("warm start", name))["test_sample"]
         print(f"{name} against the warm start: {100 * c['mean_difference']:+.1f} points, p = {c['p_permutation']:.2g}")
         beat.append(c["p_permutation"] < paired.ALPHA and c["mean_difference"] > 0)
-    return check_prediction(prediction, count, choices=(0, 1, 2, 3), why=(
+    return check_prediction(prediction, count, **EXPECTED["reveal_separable"], why=(
         f"{count} of 3 pairs of one method differ at p < 0.05, and {sum(beat)} of the 3 seeds beat the warm start "
         "at p < 0.05.  The paired test covers the noise of sampling and of evaluation on these 200 problems, not "
         "the noise of training: a method's effect is established by several seeds, not by one run's p-value."))
@@ -213,7 +212,7 @@ def reveal_split(prediction, preset: str = "tiny") -> dict:
     uniform = p_mean ** 2 + (1 - p_mean) ** 2
     tested = (f"; on the test only {', '.join(separable)} is separable from {across}" if separable
               else f"; on the test no split is separable from {across}")
-    return check_prediction(prediction, round(measured, 2), tolerance=0.05, share=True, low=0.0, high=1.0, why=(
+    return check_prediction(prediction, round(measured, 2), tolerance=0.05, **EXPECTED["reveal_split"], why=(
         f"a group of two has no signal whenever both answers agree: p^2 + (1 - p)^2, at least 0.5 whatever p.  At "
         f"the run's mean success p = {p_mean:.2f} that is {uniform:.2f}; measured {measured:.2f}, "
         + ("higher, because its prompts are solved at different rates (an easy prompt's pair agrees more often)"
@@ -237,7 +236,7 @@ def reveal_rare_zero(prediction, preset: str = "tiny") -> dict:
     print(f"The base rare_0 thinks in {before:.1%} of its {ba['before']['responses']} test answers; after "
           f"{len(history)} GRPO iterations, {after:.1%}.  In training, the first iteration with any response that "
           f"thinks: {first if first is not None else 'none'}.")
-    return check_prediction(prediction, rare_zero_outcome(after), choices=RARE_ZERO_CHOICES, why=(
+    return check_prediction(prediction, rare_zero_outcome(after), **EXPECTED["reveal_rare_zero"], why=(
         "GRPO can only raise the probability of what it samples.  A behaviour the base never shows gives no "
         "group a thinking response to reward, so nothing pushes it up; one the base shows now and then is "
         "rewarded every time it wins its group.  Whether rare_0 still shows working at all is what its "
