@@ -353,7 +353,7 @@ def plan(preset: str, runs: list[tuple[str, Variant]], *, root: str | Path | Non
     config = get_preset(preset)
     iterations = config.grpo_iterations if iterations is None else iterations
     root = Path(root) if root is not None else preset_folder(preset, "sweep")
-    specs = []
+    specs, restamped = [], _restamped(root)  # read once: every run of the file looks it up
     for name, variant in runs:
         start_step = "given" if start_file is not None else (starts or {}).get(name, "warm_start")
         start = Path(start_file) if start_file is not None else start_model(preset, start_step)
@@ -370,7 +370,7 @@ def plan(preset: str, runs: list[tuple[str, Variant]], *, root: str | Path | Non
         if needs_learned_verifier(variant):
             spec["reward_model_sha256"] = sha256_file(reward_model.model_file(preset))
         named = f"{name}-{fingerprint(spec)}"
-        spec["folder"] = str(_restamped(root).get(named, root / named))
+        spec["folder"] = str(restamped.get(named, root / named))
         specs.append(spec)
     return specs
 
