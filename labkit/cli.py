@@ -185,7 +185,9 @@ def cmd_grpo(args: argparse.Namespace) -> int:
         shared_prompts=args.scoring == "shared",
     )
     first, last = out["iterations_run"]
-    print(f"GRPO: iterations {first + 1}..{last} in {out['seconds']:.1f} s"
+    ran = (f"iterations {first + 1}..{last}" if last > first
+           else f"no iteration left after iteration {last} (resumed from the final state)")
+    print(f"GRPO: {ran} in {out['seconds']:.1f} s"
           + (f"; {out['rollouts']} rollouts, {out['updates']} updates" if "rollouts" in out else " (stopped)"))
     return 0
 
