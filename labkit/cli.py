@@ -55,6 +55,7 @@ def cmd_pretrain(args: argparse.Namespace) -> int:
     """Pretrain the tiny base: the corpus phase, then the answer phase (none of the 1,400 problems in either)."""
     from dataclasses import replace
 
+    from .lab.runs import UnfinishedRunError, display_path
     from .models.presets import TINY_BASE_DIR
     from .train.pretrain import PretrainConfig, pretrain
 
@@ -72,14 +73,39 @@ def cmd_pretrain(args: argparse.Namespace) -> int:
     if args.answer_steps is not None:
         overrides["answer"] = replace(cfg.answer, steps=args.answer_steps)
     cfg = replace(cfg, **overrides)
-    out = args.out if args.out is not None else TINY_BASE_DIR
-    manifest = pretrain(cfg, out_dir=out, overwrite=args.overwrite, resume=args.resume)
+    out = Path(args.out if args.out is not None else TINY_BASE_DIR)
+    if args.resume and args.restart:
+        raise ValueError("--resume and --restart: give one (--resume continues, --restart deletes the saved states)")
+    saved = pretrain_states(out)
+    if saved and not (args.resume or args.restart or args.overwrite):
+        # pretrain() starts a fresh run by deleting the states: refused here, before anything is touched
+        raise UnfinishedRunError(f"{display_path(out)} holds an unfinished pretraining ({len(saved)} saved state(s), "
+                                 f"newest {saved[-1].name}): pass --resume to continue from it, or --restart to "
+                                 "delete them and start afresh")
+    try:
+        manifest = pretrain(cfg, out_dir=out, overwrite=args.overwrite, resume=args.resume)
+    except KeyboardInterrupt:
+        newest = pretrain_states(out)
+        raise KeyboardInterrupt(f"pretraining stopped; its newest state is {display_path(newest[-1])}: continue with "
+                                "the same command and --resume" if newest else
+                                "pretraining stopped before its first state: run the same command again") from None
     phase = manifest["answer_phase"]
     print(f"pretrained {cfg.steps} corpus steps and {phase['steps']} answer steps in {manifest['wall_time_s']} s; "
           f"exact answers on {phase['probe']['documents']} fresh held-out statements: "
           f"{phase['curve'][0][2]:.1%} after the corpus phase, {phase['final_exact']:.1%} at the end; "
           f"{manifest['corpus']['problems_checked']} corpus problems checked, none in the dataset; wrote {out}")
     return 0
+
+
+def pretrain_states(out: Path) -> list[Path]:
+    """The saved states of a pretraining in `out` that is not finished, oldest first ([] if none, or finished)."""
+    from .lab.runs import is_finished
+
+    states = out / "states"
+    if is_finished(out) or not states.is_dir():
+        return []
+    return sorted((p for p in states.iterdir() if p.suffix in (".state", ".safetensors", ".json")),
+                  key=lambda p: p.stat().st_mtime)
 
 
 def cmd_sft(args: argparse.Namespace) -> int:
@@ -643,6 +669,8 @@ def _add_training_commands(sub) -> None:
     p.add_argument("--answer-steps", type=int, default=None, help="answer-phase updates (default: the config's)")
     p.add_argument("--seed", type=int, default=None, help="model initialisation seed (default: the PretrainConfig's)")
     p.add_argument("--threads", type=int, default=None, help="CPU threads (default: 1, deterministic)")
+    p.add_argument("--restart", action="store_true", help="delete the saved states of an unfinished pretraining in "
+                   "<out> and start afresh (without --resume or --restart, such a folder is refused)")
     p.add_argument("--overwrite", action="store_true", help="replace a finished run (evidence: normally refused)")
     p.set_defaults(func=cmd_pretrain)
 
