@@ -40,6 +40,7 @@ from ..lab.runs import (FINISHED_MARKER, REPO_ROOT, atomic_write_bytes, atomic_w
                         sha256_file)
 from ..eval import baselines, evaluate, paired
 from ..eval.evaluate import markdown_table, results_table, wilson_interval
+from . import results_chapters
 
 DEFAULT_RUN = REPO_ROOT / "runs" / "tiny"
 DEFAULT_OUT = REPO_ROOT / "book" / "results.md"
@@ -496,6 +497,7 @@ def _page(run: str | Path = DEFAULT_RUN) -> tuple[str, str, bytes]:
             f"`{sha256_file(results_path)[:16]}…`, and the raw predictions). Do not edit it by hand; regenerate it "
             "after a new run.\n```")
     summary = _summary(note, rates, by_pair, main, problems, draws)
+    chapters_summary, chapters_detail = results_chapters.sections(run) if _is_tiny_cache(run) else ([], [])
     out = [
         "# Results in detail",
         "",
@@ -525,6 +527,7 @@ def _page(run: str | Path = DEFAULT_RUN) -> tuple[str, str, bytes]:
     if LARGE in dirs:
         out += [""] + _large_section(rates["policies"][LARGE])
     out += _ablation_section(run)
+    out += chapters_detail
     out += ["", "## Training", ""]
     out += _training_rows(run)
     out += _times_rows(run)
@@ -541,7 +544,12 @@ def _page(run: str | Path = DEFAULT_RUN) -> tuple[str, str, bytes]:
         _authors_table(),
     ]
     figure = plots_results.png_bytes(rates["policies"], tuple(SUBSETS))
-    return "\n".join(summary).rstrip() + "\n", "\n".join(out).rstrip() + "\n", figure
+    return "\n".join(summary + chapters_summary).rstrip() + "\n", "\n".join(out).rstrip() + "\n", figure
+
+
+def _is_tiny_cache(run: Path) -> bool:
+    """Chapters 9-11's runs are the tiny preset's committed cache: their rows belong to its pages only."""
+    return run.resolve() == DEFAULT_RUN.resolve()
 
 
 def render(run: str | Path = DEFAULT_RUN) -> str:
