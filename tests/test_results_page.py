@@ -438,6 +438,22 @@ def test_distinct_answers_count_schema_valid_values_only(hand_made, tmp_path):
     assert hand_made.distinct_answers(tmp_path, ["p"]) == {"p": {"greedy": 2, "sample": 4}}
 
 
+def test_diversity_per_problem_counts_each_problems_distinct_valid_answers(hand_made, tmp_path):
+    """The source protocol's "number of distinct answers among one problem's samples", by hand."""
+    from labkit.lab.runs import write_jsonl
+
+    answer = '{{"final_stock": {}}}'.format
+    # problems t0..t3, two draws each (draw-major): t0 {1, 1} -> 1; t1 {2, 3} -> 2; t2 {4, invalid} -> 1; t3 none -> 0
+    texts = [answer(1), answer(2), answer(4), "no", answer(1), answer(3), "", '{"stock": 7}']
+    write_jsonl(tmp_path / "p" / "predictions-sample.jsonl.gz",
+                [{"problem_id": f"t{i % 4}", "mode": "sample", "draw": i // 4, "text": text, "finish_reason": "eos",
+                  "tokenization_valid": True} for i, text in enumerate(texts)])
+    assert hand_made.answers_per_problem(tmp_path, "p") == {"draws": 2, "problems": 4, "mean": 1.0,
+                                                            "histogram": {0: 1, 1: 2, 2: 1}}
+    table = hand_made.markdown_diversity(tmp_path, ["p"])
+    assert "| p | 1.00 | 1 | 2 | 1 |" in table
+
+
 def test_above_chance_needs_the_whole_interval_above_both_baselines(hand_made):
     b = {"constant_answer": hand_made.constant_answer(), "train_target_draw": hand_made.train_target_draw()}
     # ALL: the constant scores 2/4, interval [0.150, 0.850]; the draw expects 5/16 = 0.3125

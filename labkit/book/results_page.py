@@ -307,6 +307,11 @@ def _chance_section(run: Path, results: dict, main: list[str]) -> list[str]:
            f"{targets['OOD100']} in OOD100).", "",
            baselines.markdown_beside(results, b, policies)]
     out += [f"- {baselines.chance_sentence(results, b, policy, mode)}" for policy in main for mode in ("greedy", "sample")]
+    out += ["", "Diversity per problem (the source protocol asks for it): among each test problem's "
+            f"{results['policies'][policies[0]]['evaluation']['draws']} sampled answers, how many distinct "
+            "schema-valid values; a policy sure of one answer writes 1, one that guesses writes more, and an "
+            "answer with no valid value adds none (`labkit.eval.baselines.answers_per_problem`).", "",
+            baselines.markdown_diversity(run / "evaluation", policies)]
     return out + [""]
 
 
