@@ -463,7 +463,7 @@ def cmd_gradient_study(args: argparse.Namespace) -> int:
     noise = results["noise"]["schemes"]
     print("gradient study: signal-to-noise per batch of "
           f"{results['noise']['P']} x G = {results['noise']['G']}: "
-          + ", ".join(f"{s} {noise[s]['snr']:.2f}" for s in gradient_study.ADVANTAGE_SCHEMES)
+          + ", ".join(f"{s} {noise[s]['snr_corrected']:.4f}" for s in gradient_study.ADVANTAGE_SCHEMES)
           + f"; {results['seconds']:.0f} s")
     return 0
 
