@@ -940,6 +940,7 @@ def main(argv: list[str] | None = None) -> int:
             return 2
     from .lab.runs import RunFolderError
 
+    before = _folders(args)
     try:
         return _run(args)
     except KeyboardInterrupt as err:  # labkit.lab.skeleton.Interrupted says which state to resume from
@@ -950,8 +951,44 @@ def main(argv: list[str] | None = None) -> int:
     except (*USER_ERRORS, OSError, RunFolderError) as err:
         if os.environ.get("LABKIT_TRACEBACK"):
             raise
+        _remove_left_locks(_folders(args) - before)
         print(f"error: {error_line(err)}", file=sys.stderr)
         return 2
+
+
+PATH_OPTIONS = ("run_dir", "out", "eval_root", "scratch_dir")  # the options that name a folder a command writes
+
+
+def _folders(args: argparse.Namespace) -> set[Path]:
+    """The folders a command may create: those under runs/ (three levels) and those its options name, as they
+    are now, so that a refused command's leftovers can be told from what was there before."""
+    from .lab.runs import REPO_ROOT
+
+    found = {p for depth in ("*", "*/*", "*/*/*") for p in (REPO_ROOT / "runs").glob(depth) if p.is_dir()}
+    for name in PATH_OPTIONS:
+        value = getattr(args, name, None)
+        if value is not None and Path(value).is_dir():
+            found.add(Path(value))
+    return found
+
+
+def _remove_left_locks(created: set[Path]) -> None:
+    """A refused command leaves nothing behind: each folder it created that holds only its lock file goes
+    (deepest first), and nothing else is touched."""
+    from .lab.runs import LOCK_FILE, RunFolderBusyError, hold_folder, release_folder
+
+    for folder in sorted(created, key=lambda p: len(p.parts), reverse=True):
+        try:
+            if {p.name for p in folder.iterdir()} != {LOCK_FILE}:
+                continue
+            hold_folder(folder)  # refused if another process writes there now: its folder is left alone
+            try:
+                (folder / LOCK_FILE).unlink()
+                folder.rmdir()
+            finally:
+                release_folder(folder)
+        except (OSError, RunFolderBusyError):  # busy, or not empty after all: left as it is
+            continue
 
 
 def error_line(err: BaseException) -> str:
