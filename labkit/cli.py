@@ -294,6 +294,12 @@ def cmd_results(args: argparse.Namespace) -> int:
     root = evaluate.evaluation_root(args.preset, args.limit)
     for message in evaluate.stale_evaluations(args.preset, root):
         print(f"stale: {message}", file=sys.stderr)
+    unfinished = [p for p in evaluate.POLICIES if (root / p).is_dir() and not (root / p / "FINISHED").is_file()]
+    if unfinished and not getattr(args, "check", False):
+        # results.json would silently leave it out: an interrupted evaluation is finished first (issue 58, item 5)
+        raise ValueError(f"{root / unfinished[0]} holds an evaluation that is not finished, which results.json would "
+                         f"leave out; finish it first: `python -m labkit evaluate --preset {args.preset} "
+                         f"--policy {unfinished[0]}" + (f" --limit {args.limit}" if args.limit else "") + "`")
     if getattr(args, "check", False):
         same = evaluate.check_results(args.preset, root)
         print(f"{root / evaluate.RESULTS_FILE}: " + ("reproduces byte for byte from the predictions" if same

@@ -211,3 +211,23 @@ def test_a_refused_command_keeps_a_folder_it_did_not_make(tmp_path, capsys):
     (folder / ".lock").write_text("")  # an earlier command's lock file, in a folder that was there before
     assert cli.main(["grpo", "--preset", "tiny", "--resume", "--run-dir", str(folder)]) == 2
     assert (folder / ".lock").is_file()
+
+
+def test_results_json_refuses_an_unfinished_evaluation_it_would_leave_out(capsys):
+    """Issue 58, item 5: after an interrupted evaluation, results-json exited 0 and wrote results.json without
+    that policy.  A trial folder (evaluation/trials/, kept out of git) holds a finished and an unfinished one."""
+    import shutil
+
+    root = REPO_ROOT / "runs" / "tiny" / "evaluation" / "trials" / "limit-99"
+    try:
+        for policy in ("warm_start", "grpo"):
+            shutil.copytree(REPO_ROOT / "runs" / "tiny" / "evaluation" / policy, root / policy)
+        (root / "grpo" / "FINISHED").unlink()
+        assert cli.main(["results-json", "--preset", "tiny", "--limit", "99"]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert err[-1] == (f"error: {root / 'grpo'} holds an evaluation that is not finished, which results.json would "
+                           "leave out; finish it first: `python -m labkit evaluate --preset tiny --policy grpo "
+                           "--limit 99`"), err
+        assert not (root / "results.json").exists()
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
