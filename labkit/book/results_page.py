@@ -369,15 +369,17 @@ def _ablation_section(run: Path) -> list[str]:
     out = ["", "## What each piece does: the ablation sweep (chapters 2-8 and the objectives appendix)", "",
            f"Every run starts from the warm start at {partner.prompts_per_iteration} prompts x G = "
            f"{partner.G}, {partner.iterations} iterations, rate {ablations.format_rate(partner.lr)} "
-           "(`sweeps/ablations.json`), with the same prompts and seeds as `grpo`, and changes what its row says. "
-           "Differences are against `grpo`, paired: on the test (200 problems x 4 draws) and on the last "
+           f"(`sweeps/ablations.json`), with the same prompts and seeds as `{ablations.PARTNER}`, and changes what its "
+           f"row says. Differences are against `{ablations.PARTNER}`, paired: on the test (200 problems x 4 draws) and "
+           "on the last "
            "fixed-prompt validation checkpoint (64 problems x 4 draws), with the permutation test's p (\"<= p\": no "
            "resample was as extreme, so the true p may be smaller). The last "
            "three columns are means over the last 10 iterations. The KL estimators' runs (`k1_beta_1` to "
            "`k3_beta_1`) are paired with the exact KL at the same coefficient (`beta_1`) in the objectives "
            "appendix; the sampler runs (`bf16_*`, `fp8_*`) sample from a copy of the policy with rounded weights, "
            "and the appendix also gives the size of that mismatch.", "",
-           "| run | what it changes | test per draw | vs grpo, test (p) | vs grpo, validation (p) | KL at the end "
+           f"| run | what it changes | test per draw | vs {ablations.PARTNER}, test (p) | vs {ablations.PARTNER}, "
+           "validation (p) | KL at the end "
            "| tokens clipped | groups with no signal |",
            "| --- | --- | --- | --- | --- | --- | --- | --- |"]
     for r in sorted(rows, key=lambda r: (r["chapter"], r["name"])):
