@@ -86,6 +86,21 @@ REWARDS = ("verifier", "random", "format", "learned")
 BASELINES = ("group_mean", "leave_one_out", "none")
 SAMPLER_WEIGHTS = ("float32", "bfloat16", "float8")
 LOGP_OLD_FROM = ("sampler", "trainer")
+# The switches each objective never reads: a value other than the default would be recorded in the run's
+# identity and change nothing, so `Variant` refuses it, naming the switch.
+IGNORED_BY = {
+    "grpo": (),
+    "cispo": (),
+    "gspo": ("clip_eps_high",),
+    "rft": ("baseline", "scale_by_std", "clip_eps_high", "overlong_filter", "dynamic_sampling"),
+    "sft": ("baseline", "scale_by_std", "clip_eps_high", "overlong_filter", "dynamic_sampling", "reward",
+            "random_reward_p", "length_penalty"),
+}
+IGNORED_WHY = {
+    "gspo": "its clip is the paper's, [1 - 3e-4, 1 + 4e-4] on each response's ratio",
+    "rft": "it learns by cross-entropy on its own right responses: no advantage, no ratio",
+    "sft": "it learns by cross-entropy on the solver's targets: no reward, no advantage, no ratio",
+}
 DYNAMIC_SAMPLING_ROUNDS = 3
 """extra draws of P prompts an iteration that dynamic sampling may make before it stops"""
 
@@ -135,6 +150,11 @@ class Variant:
         for name in ("scale_by_std", "overlong_filter", "dynamic_sampling"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"variant {name}={getattr(self, name)!r}: expected true or false")
+        defaults = {f.name: f.default for f in fields(self)}
+        for name in IGNORED_BY[self.objective]:
+            if getattr(self, name) != defaults[name]:
+                raise ValueError(f"variant objective {self.objective!r} ignores {name}={getattr(self, name)!r} "
+                                 f"({IGNORED_WHY[self.objective]}): leave {name} at its default, {defaults[name]!r}")
         if self.baseline != "group_mean" and self.scale_by_std:
             raise ValueError(f"variant baseline={self.baseline!r} divides by no std: set scale_by_std to false")
         if self.clip_eps_high is not None and (isinstance(self.clip_eps_high, bool)
@@ -147,10 +167,6 @@ class Variant:
         if self.overlong_filter and self.reduction == "sequence":
             raise ValueError("variant overlong_filter drops responses' tokens from a token-level reduction: "
                              "set reduction to 'token' (DAPO's) or 'constant'")
-        if self.objective in ("rft", "sft") and (self.baseline != "group_mean" or self.clip_eps_high is not None
-                                                 or self.overlong_filter or self.dynamic_sampling):
-            raise ValueError(f"variant objective {self.objective!r} learns by cross-entropy: baseline, "
-                             f"clip_eps_high, overlong_filter and dynamic_sampling do not apply")
         if self.tis_cap is not None and (isinstance(self.tis_cap, bool) or not isinstance(self.tis_cap, (int, float))
                                          or not self.tis_cap > 1.0):
             raise ValueError(f"variant tis_cap={self.tis_cap!r}: a number > 1 (Yao et al. use 2)")
