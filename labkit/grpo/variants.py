@@ -51,7 +51,9 @@ part of the loop and nothing else:
     reward             "verifier" (the protocol); "random": Bernoulli(random_reward_p), independent
                        of the response (a control); "format": 1 for a schema-valid answer,
                        whatever its value (a control); "learned": the learned verifier's yes/no
-                       (`labkit.studies.reward_model`, runs/<preset>/reward_model/), a proxy (chapter 10)
+                       (`labkit.studies.reward_model`, runs/<preset>/reward_model/), a proxy (chapter 10);
+                       "learned_guarded": the same, zeroed for a response that is no schema-valid answer
+                       (the source design's format guard)
     random_reward_p    the random control's success probability (the sweep uses the warm start's
                        per-draw validation success)
 
@@ -82,7 +84,7 @@ from . import losses, objectives
 OBJECTIVES = ("grpo", "rft", "sft", "gspo", "cispo")
 REDUCTIONS = losses.REDUCTIONS
 KLS = ("exact", "k1", "k2", "k3", "none")
-REWARDS = ("verifier", "random", "format", "learned")
+REWARDS = ("verifier", "random", "format", "learned", "learned_guarded")
 BASELINES = ("group_mean", "leave_one_out", "none")
 SAMPLER_WEIGHTS = ("float32", "bfloat16", "float8")
 LOGP_OLD_FROM = ("sampler", "trainer")
@@ -238,6 +240,13 @@ def learned_reward(groups, *, verifier) -> torch.Tensor:
     return proxy.reshape(len(groups), -1)
 
 
+def guarded_learned_reward(groups, *, verifier) -> torch.Tensor:
+    """The learned verifier's yes/no, zeroed for a response that is not a schema-valid answer: the source
+    design's format guard (chapter 10's learned-reward run was paid for `{"final": 6}`, which it zeroes)."""
+    valid = torch.tensor([[float(v.valid) for v in g.verdicts] for g in groups])
+    return learned_reward(groups, verifier=verifier) * valid
+
+
 def random_reward(groups, *, generator: torch.Generator, p: float) -> torch.Tensor:
     """Bernoulli(p), independent of the response, from the control's own seeded stream."""
     shape = (len(groups), len(groups[0].rollouts))
@@ -261,6 +270,7 @@ REWARD_TABLE = {
     "random": Reward(random_reward, needs_generator=True),
     "format": Reward(format_reward),
     "learned": Reward(learned_reward, needs_learned_verifier=True),
+    "learned_guarded": Reward(guarded_learned_reward, needs_learned_verifier=True),
 }
 
 # KL terms.  Each takes the current policy's (logp (B, R), logits (B, R, V)), the reference's (ref_scores),
