@@ -245,12 +245,15 @@ def _iterate(folder: RunFolder, loop: Loop, first_iteration: int, end_iteration:
             timings["checkpoint"] = curves.maybe_measure(folder, iteration + 1)
             folder.append(TIMINGS_PART, [timings])
             done = iteration + 1
-            if done in save_states_at or done == end_iteration:
+            saved = done in save_states_at or done == end_iteration
+            if saved:
                 state_files.append(save_loop_state(folder, loop, done))
                 autosave.kept()
-            elif autosave.due(done):
+            elif autosave.due(done):  # a Ctrl-C makes it due: the state is saved before the run stops
                 autosave.saved(save_loop_state(folder, loop, done)["path"])
-            autosave.stop_if_asked(done, end_iteration, newest_state(folder), "iteration", "--resume")
+                saved = True
+            if saved:  # stop only where a state was just saved: a Ctrl-C heard later waits for the next one
+                autosave.stop_if_asked(done, end_iteration, newest_state(folder), "iteration", "--resume")
             bar.update(1)
             bar.set_postfix(reward=f"{record['reward']:.2f}",
                             kl="no update" if record["kl"] is None else f"{record['kl']:.2e}",
