@@ -55,6 +55,7 @@ def cmd_pretrain(args: argparse.Namespace) -> int:
     """Pretrain the tiny base: the corpus phase, then the answer phase (none of the 1,400 problems in either)."""
     from dataclasses import replace
 
+    from .lab.runs import UnfinishedRunError, display_path
     from .models.presets import TINY_BASE_DIR
     from .train.pretrain import PretrainConfig, pretrain
 
@@ -72,14 +73,39 @@ def cmd_pretrain(args: argparse.Namespace) -> int:
     if args.answer_steps is not None:
         overrides["answer"] = replace(cfg.answer, steps=args.answer_steps)
     cfg = replace(cfg, **overrides)
-    out = args.out if args.out is not None else TINY_BASE_DIR
-    manifest = pretrain(cfg, out_dir=out, overwrite=args.overwrite, resume=args.resume)
+    out = Path(args.out if args.out is not None else TINY_BASE_DIR)
+    if args.resume and args.restart:
+        raise ValueError("--resume and --restart: give one (--resume continues, --restart deletes the saved states)")
+    saved = pretrain_states(out)
+    if saved and not (args.resume or args.restart or args.overwrite):
+        # pretrain() starts a fresh run by deleting the states: refused here, before anything is touched
+        raise UnfinishedRunError(f"{display_path(out)} holds an unfinished pretraining ({len(saved)} saved state(s), "
+                                 f"newest {saved[-1].name}): pass --resume to continue from it, or --restart to "
+                                 "delete them and start afresh")
+    try:
+        manifest = pretrain(cfg, out_dir=out, overwrite=args.overwrite, resume=args.resume)
+    except KeyboardInterrupt:
+        newest = pretrain_states(out)
+        raise KeyboardInterrupt(f"pretraining stopped; its newest state is {display_path(newest[-1])}: continue with "
+                                "the same command and --resume" if newest else
+                                "pretraining stopped before its first state: run the same command again") from None
     phase = manifest["answer_phase"]
     print(f"pretrained {cfg.steps} corpus steps and {phase['steps']} answer steps in {manifest['wall_time_s']} s; "
           f"exact answers on {phase['probe']['documents']} fresh held-out statements: "
           f"{phase['curve'][0][2]:.1%} after the corpus phase, {phase['final_exact']:.1%} at the end; "
           f"{manifest['corpus']['problems_checked']} corpus problems checked, none in the dataset; wrote {out}")
     return 0
+
+
+def pretrain_states(out: Path) -> list[Path]:
+    """The saved states of a pretraining in `out` that is not finished, oldest first ([] if none, or finished)."""
+    from .lab.runs import is_finished
+
+    states = out / "states"
+    if is_finished(out) or not states.is_dir():
+        return []
+    return sorted((p for p in states.iterdir() if p.suffix in (".state", ".safetensors", ".json")),
+                  key=lambda p: p.stat().st_mtime)
 
 
 def cmd_sft(args: argparse.Namespace) -> int:
@@ -185,7 +211,9 @@ def cmd_grpo(args: argparse.Namespace) -> int:
         shared_prompts=args.scoring == "shared",
     )
     first, last = out["iterations_run"]
-    print(f"GRPO: iterations {first + 1}..{last} in {out['seconds']:.1f} s"
+    ran = (f"iterations {first + 1}..{last}" if last > first
+           else f"no iteration left after iteration {last} (resumed from the final state)")
+    print(f"GRPO: {ran} in {out['seconds']:.1f} s"
           + (f"; {out['rollouts']} rollouts, {out['updates']} updates" if "rollouts" in out else " (stopped)"))
     return 0
 
@@ -266,6 +294,12 @@ def cmd_results(args: argparse.Namespace) -> int:
     root = evaluate.evaluation_root(args.preset, args.limit)
     for message in evaluate.stale_evaluations(args.preset, root):
         print(f"stale: {message}", file=sys.stderr)
+    unfinished = [p for p in evaluate.POLICIES if (root / p).is_dir() and not (root / p / "FINISHED").is_file()]
+    if unfinished and not getattr(args, "check", False):
+        # results.json would silently leave it out: an interrupted evaluation is finished first (issue 58, item 5)
+        raise ValueError(f"{root / unfinished[0]} holds an evaluation that is not finished, which results.json would "
+                         f"leave out; finish it first: `python -m labkit evaluate --preset {args.preset} "
+                         f"--policy {unfinished[0]}" + (f" --limit {args.limit}" if args.limit else "") + "`")
     if getattr(args, "check", False):
         same = evaluate.check_results(args.preset, root)
         print(f"{root / evaluate.RESULTS_FILE}: " + ("reproduces byte for byte from the predictions" if same
@@ -435,7 +469,7 @@ def cmd_gradient_study(args: argparse.Namespace) -> int:
     noise = results["noise"]["schemes"]
     print("gradient study: signal-to-noise per batch of "
           f"{results['noise']['P']} x G = {results['noise']['G']}: "
-          + ", ".join(f"{s} {noise[s]['snr']:.2f}" for s in gradient_study.ADVANTAGE_SCHEMES)
+          + ", ".join(f"{s} {noise[s]['snr_corrected']:.4f}" for s in gradient_study.ADVANTAGE_SCHEMES)
           + f"; {results['seconds']:.0f} s")
     return 0
 
@@ -641,6 +675,8 @@ def _add_training_commands(sub) -> None:
     p.add_argument("--answer-steps", type=int, default=None, help="answer-phase updates (default: the config's)")
     p.add_argument("--seed", type=int, default=None, help="model initialisation seed (default: the PretrainConfig's)")
     p.add_argument("--threads", type=int, default=None, help="CPU threads (default: 1, deterministic)")
+    p.add_argument("--restart", action="store_true", help="delete the saved states of an unfinished pretraining in "
+                   "<out> and start afresh (without --resume or --restart, such a folder is refused)")
     p.add_argument("--overwrite", action="store_true", help="replace a finished run (evidence: normally refused)")
     p.set_defaults(func=cmd_pretrain)
 
@@ -910,6 +946,7 @@ def main(argv: list[str] | None = None) -> int:
             return 2
     from .lab.runs import RunFolderError
 
+    before = _folders(args)
     try:
         return _run(args)
     except KeyboardInterrupt as err:  # labkit.lab.skeleton.Interrupted says which state to resume from
@@ -920,8 +957,44 @@ def main(argv: list[str] | None = None) -> int:
     except (*USER_ERRORS, OSError, RunFolderError) as err:
         if os.environ.get("LABKIT_TRACEBACK"):
             raise
+        _remove_left_locks(_folders(args) - before)
         print(f"error: {error_line(err)}", file=sys.stderr)
         return 2
+
+
+PATH_OPTIONS = ("run_dir", "out", "eval_root", "scratch_dir")  # the options that name a folder a command writes
+
+
+def _folders(args: argparse.Namespace) -> set[Path]:
+    """The folders a command may create: those under runs/ (three levels) and those its options name, as they
+    are now, so that a refused command's leftovers can be told from what was there before."""
+    from .lab.runs import REPO_ROOT
+
+    found = {p for depth in ("*", "*/*", "*/*/*") for p in (REPO_ROOT / "runs").glob(depth) if p.is_dir()}
+    for name in PATH_OPTIONS:
+        value = getattr(args, name, None)
+        if value is not None and Path(value).is_dir():
+            found.add(Path(value))
+    return found
+
+
+def _remove_left_locks(created: set[Path]) -> None:
+    """A refused command leaves nothing behind: each folder it created that holds only its lock file goes
+    (deepest first), and nothing else is touched."""
+    from .lab.runs import LOCK_FILE, RunFolderBusyError, hold_folder, release_folder
+
+    for folder in sorted(created, key=lambda p: len(p.parts), reverse=True):
+        try:
+            if {p.name for p in folder.iterdir()} != {LOCK_FILE}:
+                continue
+            hold_folder(folder)  # refused if another process writes there now: its folder is left alone
+            try:
+                (folder / LOCK_FILE).unlink()
+                folder.rmdir()
+            finally:
+                release_folder(folder)
+        except (OSError, RunFolderBusyError):  # busy, or not empty after all: left as it is
+            continue
 
 
 def error_line(err: BaseException) -> str:

@@ -160,7 +160,7 @@ def test_the_gradient_study_is_read_only_when_its_digest_holds(tmp_path, monkeyp
     copy = tmp_path / "runs" / "tiny" / "gradient_study"
     shutil.copytree(source, copy)
     monkeypatch.setattr(runs, "preset_folder", lambda preset, *names: tmp_path.joinpath("runs", preset, *names))
-    assert ablations.gradient_study_results()["format"] == "labkit gradient study v1"
+    assert ablations.gradient_study_results()["format"] == "labkit gradient study v2"
     text = (copy / "results.json").read_text()
     (copy / "results.json").write_text(text.replace('"trials": 2000', '"trials": 2001'))
     with pytest.raises(ValueError, match="does not match the digest in its FINISHED marker"):

@@ -104,3 +104,59 @@ def test_chapter_5_states_the_beta_sweeps_budget_as_the_sweep_file_sets_it():
     assert found, "chapter 5 does not state the beta sweep's budget"
     assert (int(found[1]), int(found[2]), int(found[3]), float(found[4])) == (
         config["prompts_per_iteration"], config["G"], config["grpo_iterations"], config["grpo_lr"])
+
+
+def test_chapter_3_no_longer_calls_the_sample_std_a_learning_rate_and_reports_the_snr_without_its_bias():
+    """Claim 2: the plug-in signal-to-noise is biased up by about 1/batches and had no uncertainty; the sample std
+    scales the surrogate only (the KL term keeps its size), and AdamW cancels a uniform scale."""
+    import json
+
+    from labkit.studies import ablations
+
+    cells = json.loads((REPO_ROOT / "notebooks" / "03_advantages.ipynb").read_text())["cells"]
+    text = " ".join(" ".join("".join(c["source"]).split()) for c in cells if c["cell_type"] == "markdown")
+    assert "which is the same update with a different learning rate" not in text
+    assert "KL coefficient larger by" in text and "too high by about $1/n$" in text
+    noise = ablations.gradient_study_results()["noise"]
+    for scheme in noise["schemes"].values():
+        # the plug-in exceeds the corrected estimate by about 1/batches (exactly, up to the (n-1)/n of s^2)
+        assert abs((scheme["snr"] - scheme["snr_corrected"]) - 1 / noise["batches"]) < 0.1 * scheme["snr"] + 1e-3
+        low, high = scheme["snr_interval"]
+        assert low < scheme["snr_corrected"] < high
+    reveal = next("".join(o.get("text", "")) for c in cells if c["cell_type"] == "code"
+                  and "reveal_baseline(prediction)" in "".join(c["source"]) for o in c.get("outputs", []) if "text" in o)
+    assert "corrected for the plug-in's bias" in reveal and "minus leave-one-out" in reveal
+
+
+def test_figure_5_3_draws_each_runs_interval_and_the_reveal_tests_its_highest_point():
+    """Claim 4: the frontier's axis spans a few points, so without intervals beta = 1 looked best."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from matplotlib.container import ErrorbarContainer
+
+    from labkit.book import plots_ablations
+    from labkit.studies import ablations
+
+    runs = ablations.load(names=("beta_0", "grpo", "beta_0p2", "beta_1", "beta_5"))
+    fig = plots_ablations.plot_frontier({f"beta {r.kl_coef:g}": r for r in runs.values()})
+    bars = [c for c in fig.axes[0].containers if isinstance(c, ErrorbarContainer)]
+    assert len(bars) == 5
+    chapter = (REPO_ROOT / "notebooks" / "05_exact_kl.ipynb").read_text()
+    assert "the highest point of Figure 5.3" in chapter
+
+
+def test_the_seeds_reveal_prints_a_spread_its_printed_rates_give():
+    """Claim 5: it printed a spread of 1.8 where its rates, to one decimal, gave 1.7 (the counts give 1.75)."""
+    import json
+
+    cells = json.loads((REPO_ROOT / "notebooks" / "06_grpo_run.ipynb").read_text())["cells"]
+    out = "".join("".join(o.get("text", "")) for c in cells
+                  if c["cell_type"] == "code" and "reveal_seeds(" in "".join(c["source"]) for o in c.get("outputs", []))
+    lines = [line for line in out.splitlines() if "test draws right by seed:" in line]
+    assert len(lines) == 3, out
+    for line in lines:
+        found = re.search(r"seed: (\d+), (\d+), (\d+) of (\d+); spread (\d+) draws = ([\d.]+) points", line)
+        right, draws = [int(found.group(k)) for k in (1, 2, 3)], int(found.group(4))
+        assert int(found.group(5)) == max(right) - min(right), line
+        assert float(found.group(6)) == float(f"{100 * (max(right) - min(right)) / draws:.3g}"), line

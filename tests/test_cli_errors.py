@@ -185,3 +185,49 @@ def test_a_misspelt_preset_of_a_tiny_only_command_is_refused_by_argparse(capsys)
         cli.main(["gradient-study", "--preset", "tyni"])
     assert stop.value.code == 2
     assert "argument --preset: invalid choice: 'tyni' (choose from 'tiny')" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("command", [
+    ["grpo", "--preset", "tiny", "--resume"],
+    ["grpo", "--preset", "tiny", "--resume-from", "/nonexistent/iter-001.pt.gz"],
+    ["warm-start", "--preset", "tiny", "--resume-from", "/nonexistent/epoch-1.pt.gz"],
+    ["sft", "--preset", "tiny", "--stop-after-epochs", "9"],
+])
+def test_a_refused_command_leaves_no_folder_behind(tmp_path, capsys, command):
+    """Issue 58, item 11: each of these left a run folder holding only its lock file."""
+    from labkit import cli
+
+    folder = tmp_path / "run"
+    assert cli.main([*command, "--run-dir", str(folder)]) == 2
+    assert len(capsys.readouterr().err.strip().splitlines()) == 1
+    assert not folder.exists()
+
+
+def test_a_refused_command_keeps_a_folder_it_did_not_make(tmp_path, capsys):
+    from labkit import cli
+
+    folder = tmp_path / "run"
+    folder.mkdir()
+    (folder / ".lock").write_text("")  # an earlier command's lock file, in a folder that was there before
+    assert cli.main(["grpo", "--preset", "tiny", "--resume", "--run-dir", str(folder)]) == 2
+    assert (folder / ".lock").is_file()
+
+
+def test_results_json_refuses_an_unfinished_evaluation_it_would_leave_out(capsys):
+    """Issue 58, item 5: after an interrupted evaluation, results-json exited 0 and wrote results.json without
+    that policy.  A trial folder (evaluation/trials/, kept out of git) holds a finished and an unfinished one."""
+    import shutil
+
+    root = REPO_ROOT / "runs" / "tiny" / "evaluation" / "trials" / "limit-99"
+    try:
+        for policy in ("warm_start", "grpo"):
+            shutil.copytree(REPO_ROOT / "runs" / "tiny" / "evaluation" / policy, root / policy)
+        (root / "grpo" / "FINISHED").unlink()
+        assert cli.main(["results-json", "--preset", "tiny", "--limit", "99"]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert err[-1] == (f"error: {root / 'grpo'} holds an evaluation that is not finished, which results.json would "
+                           "leave out; finish it first: `python -m labkit evaluate --preset tiny --policy grpo "
+                           "--limit 99`"), err
+        assert not (root / "results.json").exists()
+    finally:
+        shutil.rmtree(root, ignore_errors=True)

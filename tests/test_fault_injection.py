@@ -514,6 +514,22 @@ def test_a_second_ctrl_c_while_a_state_is_written_leaves_that_state_whole(tmp_pa
     assert_equals_continuous(folder, reference)
 
 
+def test_resuming_from_the_final_state_says_no_iteration_was_left(tmp_path, capsys, monkeypatch, reference):
+    """Issue 58, item 11: a run stopped after its final state, before its finish, resumed: it printed
+    "iterations 5..4"."""
+    def stopped(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    folder = tmp_path / "run"
+    with monkeypatch.context() as patch:
+        patch.setattr(loop, "finish_run", stopped)
+        assert in_process(folder) == 130
+    assert in_process(folder, "--resume") == 0
+    out = capsys.readouterr().out.strip().splitlines()[-1]
+    assert out.startswith(f"GRPO: no iteration left after iteration {N} (resumed from the final state) in "), out
+    assert_equals_continuous(folder, reference)
+
+
 def test_ctrl_c_with_the_default_options_saves_a_state_and_says_how_to_resume(tmp_path, launch, reference):
     folder = tmp_path / "run"
     run = launch(folder)  # no --save-states-at: only the run's own saves

@@ -10,7 +10,11 @@
   folded whole as an instructor box (`instructor` with `hide-cell`, the toggle "For instructors:
   how this is verified", set in the cell's `mystnb` metadata).  A predict-then-run answer (`reveal`)
   has its output folded (`hide-output`, the toggle "Show the answer the runs give"), so that the book
-  asks before it answers; nothing else is folded.  Student copies keep the instructor boxes
+  asks before it answers.  What a student need not read to follow a chapter is folded too (issue 57):
+  a long cell's code (`long-code` with `hide-input`, the toggle "Show the code") and a full table the
+  prose sums up (`details` with `hide-output`, "Show the full output"; a cell with both: "Show the full
+  {type}", which the book writes as "source" and "output").  Nothing else is folded, and every chapter
+  shows at most SHOWN_CODE_LINES lines of code and SHOWN_OUTPUT_WORDS words of output unfolded.  Student copies keep the instructor boxes
   (tests/test_student_copies.py); chapters 2, 5 and 6 have them.
 """
 
@@ -50,6 +54,23 @@ def _names(source: str, kind) -> set[str]:
 
 
 REVEAL_PROMPT = "Show the answer the runs give"
+FOLD_PROMPTS = {frozenset({"long-code"}): "Show the code", frozenset({"details"}): "Show the full output",
+                frozenset({"long-code", "details"}): "Show the full {type}"}
+SHOWN_CODE_LINES, SHOWN_OUTPUT_WORDS = 450, 2500
+
+
+def shown(nb) -> tuple[int, int]:
+    """(lines of code, words of text output) a chapter shows unfolded in the book."""
+    lines = words = 0
+    for cell in nb.cells:
+        if cell.cell_type != "code":
+            continue
+        tags = _tags(cell)
+        if not tags & {"hide-input", "hide-cell"}:
+            lines += cell.source.count("\n") + 1
+        if not tags & {"hide-output", "hide-cell"}:
+            words += sum(len(str(o.get("text", "")).split()) for o in cell.get("outputs", []))
+    return lines, words
 
 
 def tag_problems(nb) -> list[str]:
@@ -71,15 +92,19 @@ def tag_problems(nb) -> list[str]:
                 problems.append(f"{where} is tagged timing but defines {fed}, used later: a timing cell only shows")
         elif IGNORE in tags and not CHECKED.search(cell.source):
             problems.append(f"{where} has {IGNORE} but neither asserts nor calls a checker: its values go unchecked")
-        if ("hide-input" in tags) != ("solution" in tags):
-            problems.append(f"{where}: hide-input goes with solution, and only with it (tags {sorted(tags)})")
+        if ("hide-input" in tags) != bool(tags & {"solution", "long-code"}):
+            problems.append(f"{where}: hide-input goes with solution or long-code, and only with them (tags {sorted(tags)})")
+        folds = tags & {"long-code", "details"}
+        if folds and cell.metadata.get("mystnb", {}).get("code_prompt_show") != FOLD_PROMPTS[frozenset(folds)]:
+            problems.append(f"{where}: a folded cell's toggle must read {FOLD_PROMPTS[frozenset(folds)]!r} "
+                            "(metadata mystnb.code_prompt_show)")
         if ("hide-cell" in tags) != ("instructor" in tags):
             problems.append(f"{where}: hide-cell goes with instructor, and only with it (tags {sorted(tags)})")
         if "instructor" in tags and cell.metadata.get("mystnb", {}).get("code_prompt_show") != INSTRUCTOR_PROMPT:
             problems.append(f"{where}: an instructor box's toggle must read {INSTRUCTOR_PROMPT!r} "
                             "(metadata mystnb.code_prompt_show)")
-        if ("hide-output" in tags) != ("reveal" in tags):  # a predict-then-run answer is folded until asked for
-            problems.append(f"{where}: hide-output goes with reveal, and only with it (tags {sorted(tags)})")
+        if ("hide-output" in tags) != bool(tags & {"reveal", "details"}):  # an answer is folded until asked for
+            problems.append(f"{where}: hide-output goes with reveal or details, and only with them (tags {sorted(tags)})")
         if "reveal" in tags and cell.metadata.get("mystnb", {}).get("code_prompt_show") != REVEAL_PROMPT:
             problems.append(f"{where}: a reveal's toggle must read {REVEAL_PROMPT!r} (metadata mystnb.code_prompt_show)")
         if tags & {"remove-cell", "remove-input", "remove-output"}:
@@ -106,7 +131,7 @@ def test_the_rule_catches_each_broken_promise():
     [skipped] = tag_problems(_nb(("assert 1", ["nbval-skip"])))
     assert "skipped" in skipped
     [unfolded] = tag_problems(_nb(("def f(): pass", ["solution"])))
-    assert "hide-input goes with solution" in unfolded
+    assert "hide-input goes with solution or long-code" in unfolded
     box = tag_problems(_nb(("assert 1", ["instructor"])))
     assert len(box) == 2 and "hide-cell goes with instructor" in box[0]
     [prompt] = tag_problems(_nb(("assert 1", ["instructor", "hide-cell"])))
@@ -124,6 +149,13 @@ def test_the_verification_cells_of_chapters_2_5_and_6_are_instructor_boxes(chapt
 
 def test_there_are_chapters_to_check():
     assert len(NOTEBOOKS) >= 8
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.stem for p in NOTEBOOKS])
+def test_what_a_chapter_shows_unfolded_is_one_sitting(path):
+    """Issue 57: chapters 7 and 10 showed 770 and 957 lines of code and 4,300 words of generated output."""
+    lines, words = shown(nbformat.read(path, as_version=4))
+    assert lines <= SHOWN_CODE_LINES and words <= SHOWN_OUTPUT_WORDS, (path.name, lines, words)
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.stem for p in NOTEBOOKS])

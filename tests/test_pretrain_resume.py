@@ -79,3 +79,38 @@ def test_the_cli_lists_the_protocol_steps_in_order_and_refuses_bad_pretrain_opti
     assert "--answer-steps 0: must be at least 1" in capsys.readouterr().err
     assert cli.main(["pretrain", "--preset", "nosuch"]) == 2
     assert "only the tiny preset is pretrained" in capsys.readouterr().err
+
+
+def test_a_rerun_without_resume_or_restart_keeps_the_saved_states(tmp_path, capsys):
+    """Issue 58, item 8: the same command run again after a stop deleted every saved state, the finished
+    corpus phase's included, without a word; now it is refused in one line, and nothing is touched."""
+    from labkit import cli
+
+    assert pretrain(SMALL, tmp_path, progress=False, stop_after=("corpus", 2), state_every_s=0) is None
+    states = sorted((tmp_path / "states").iterdir())
+    before = {p.name: p.read_bytes() for p in states}
+    assert before
+    assert cli.main(["pretrain", "--out", str(tmp_path)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith(f"error: {tmp_path} holds an unfinished pretraining "
+                                               f"({len(before)} saved state(s), newest "), err
+    assert err[0].endswith("pass --resume to continue from it, or --restart to delete them and start afresh"), err
+    assert cli.main(["pretrain", "--out", str(tmp_path), "--resume", "--restart"]) == 2
+    assert "--resume and --restart: give one" in capsys.readouterr().err
+    assert {p.name: p.read_bytes() for p in sorted((tmp_path / "states").iterdir())} == before
+
+
+def test_ctrl_c_in_pretraining_names_its_newest_state_and_resume(tmp_path, capsys, monkeypatch):
+    from labkit import cli
+    from labkit.train import pretrain as pretrain_module
+
+    assert pretrain(SMALL, tmp_path, progress=False, stop_after=("corpus", 2), state_every_s=0) is None
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(pretrain_module, "pretrain", interrupted)
+    assert cli.main(["pretrain", "--out", str(tmp_path), "--resume"]) == 130
+    newest = max((tmp_path / "states").iterdir(), key=lambda p: p.stat().st_mtime)
+    assert capsys.readouterr().err.strip() == (f"interrupted: pretraining stopped; its newest state is {newest}: "
+                                               "continue with the same command and --resume")

@@ -438,6 +438,22 @@ def test_distinct_answers_count_schema_valid_values_only(hand_made, tmp_path):
     assert hand_made.distinct_answers(tmp_path, ["p"]) == {"p": {"greedy": 2, "sample": 4}}
 
 
+def test_diversity_per_problem_counts_each_problems_distinct_valid_answers(hand_made, tmp_path):
+    """The source protocol's "number of distinct answers among one problem's samples", by hand."""
+    from labkit.lab.runs import write_jsonl
+
+    answer = '{{"final_stock": {}}}'.format
+    # problems t0..t3, two draws each (draw-major): t0 {1, 1} -> 1; t1 {2, 3} -> 2; t2 {4, invalid} -> 1; t3 none -> 0
+    texts = [answer(1), answer(2), answer(4), "no", answer(1), answer(3), "", '{"stock": 7}']
+    write_jsonl(tmp_path / "p" / "predictions-sample.jsonl.gz",
+                [{"problem_id": f"t{i % 4}", "mode": "sample", "draw": i // 4, "text": text, "finish_reason": "eos",
+                  "tokenization_valid": True} for i, text in enumerate(texts)])
+    assert hand_made.answers_per_problem(tmp_path, "p") == {"draws": 2, "problems": 4, "mean": 1.0,
+                                                            "histogram": {0: 1, 1: 2, 2: 1}}
+    table = hand_made.markdown_diversity(tmp_path, ["p"])
+    assert "| p | 1.00 | 1 | 2 | 1 |" in table
+
+
 def test_above_chance_needs_the_whole_interval_above_both_baselines(hand_made):
     b = {"constant_answer": hand_made.constant_answer(), "train_target_draw": hand_made.train_target_draw()}
     # ALL: the constant scores 2/4, interval [0.150, 0.850]; the draw expects 5/16 = 0.3125
@@ -457,3 +473,54 @@ def test_above_chance_needs_the_whole_interval_above_both_baselines(hand_made):
         "q, greedy pass@1 on ALL (199/200 = 99.5%, 95% interval [97.22, 99.91]), is above chance: its whole "
         "interval lies above 85.00%, the upper end of the constant answer's interval.")
     assert "is below chance: its whole interval lies below 31.25%" in hand_made.chance_sentence(results, b, "q", "sample")
+
+
+# --- Chapters 9-11 (issue 57: the pages said nothing of them) ------------------------------------------------
+
+
+def test_chapters_9_to_11_each_have_a_row_and_a_section(rendered):
+    summary, detail, _ = rendered
+    rows = [line for line in summary.splitlines() if line.startswith(("- **Chapter 9**", "- **Chapter 10**",
+                                                                       "- **Chapter 11**"))]
+    assert len(rows) == 3, rows
+    for title in ("## The objective's variants (chapter 9)", "## A learned reward, and RL from the base (chapter 10)",
+                  "## RL that teaches the model to reason (chapter 11)"):
+        assert title in detail
+
+
+def test_chapter_11s_rows_are_recounted_from_the_raw_profiles(rendered):
+    """Each reasoning run's before and after, counted here from the rows of the committed profiles."""
+    from labkit.studies import reasoning
+    from labkit.studies import reasoning_report as report
+
+    detail = rendered[1]
+    for name in reasoning.RUN_NAMES:
+        before, after = report.profiles(name)
+        rates = [(f"{100 * sum(bool(r['thinks']) for r in rows) / len(rows):.1f}%",
+                  f"{100 * sum(bool(r['reward']) for r in rows) / len(rows):.1f}%") for rows in (before, after)]
+        row = next(line for line in detail.splitlines() if line.startswith(f"| `{name}` |"))
+        cells = [c.strip() for c in row.strip("|").split("|")]
+        assert cells[2] == f"{rates[0][0]} -> {rates[1][0]}" and cells[4] == f"{rates[0][1]} -> {rates[1][1]}", row
+
+
+def test_chapter_9s_verdicts_are_holm_adjusted_paired_tests():
+    """The adjusted p of each variant against the sweep's grpo is Holm's step-down of the raw permutation p's, and
+    a verdict is read from the adjusted one (a variant with raw p < 0.05 but adjusted p >= 0.05 is not separable)."""
+    from labkit.book import results_chapters
+    from labkit.studies import sweep
+
+    labels = evaluate.load_test_labels(phase="scoring")
+    partner = (sweep.sweep_root(sweep.DEFAULT_FILE, "tiny") / sweep.load_results()["runs"]["grpo"]["folder"]
+               / "evaluation" / "grpo")
+    rows = results_chapters._sweep_rows(sweep.DEFAULT_FILE, {"grpo": partner}, labels)
+    family = [r["vs"]["grpo"] for r in rows if "grpo" in r["vs"]]
+    assert len(family) == 8
+    raw = [c["p_permutation"] for c in family]
+    m = len(raw)
+    order = sorted(range(m), key=lambda i: raw[i])
+    expected, running = [0.0] * m, 0.0
+    for rank, i in enumerate(order):  # Holm 1979, written out again here
+        running = max(running, min(1.0, (m - rank) * raw[i]))
+        expected[i] = running
+    assert [c["holm"] for c in family] == pytest.approx(expected)
+    assert any(c["p_permutation"] < paired.ALPHA <= c["holm"] for c in family)  # the adjustment decides a verdict here

@@ -2,6 +2,8 @@
 read and not rerun, and the same sweep runs on a two-worker Dask cluster on the loopback address."""
 
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -65,7 +67,17 @@ def test_a_sweep_file_may_set_each_runs_budget_sampler_and_folder(tmp_path):
     plain = sweep.plan("tiny", [("grpo", Variant())], root=tmp_path, start_file=model)[0]
     assert "shared_prompts" not in plain and plain["folder"] != grpo_spec["folder"]
     for bad, message in (({"config": {"clip": 0.2}}, r"unknown key\(s\) \['clip'\]"),
-                         ({"config": {"kl_coef": -1}}, r"kl_coef=-1: expected a number >= 0"),
+                         ({"config": {"kl_coef": -1}}, r"kl_coef=-1: expected a finite number >= 0"),
+                         # issue 58, item 2: each of these passed, then exhausted the machine or failed mid-run
+                         ({"config": {"kl_coef": float("inf")}}, r"kl_coef=inf: expected a finite number >= 0"),
+                         ({"config": {"grpo_lr": float("inf")}}, r"grpo_lr=inf: expected a finite number > 0"),
+                         ({"config": {"grpo_lr": float("nan")}}, r"grpo_lr=nan: expected a finite number > 0"),
+                         ({"config": {"seed": 2**70}}, r"seed=1180591620717411303424: expected an integer in 0..2\*\*62"),
+                         ({"config": {"seed": -1}}, r"seed=-1: expected an integer in 0..2\*\*62"),
+                         ({"config": {"prompts_per_iteration": 100000}},
+                          r"prompts_per_iteration=100000: expected a positive integer at most 872, the pool's problems"),
+                         ({"config": {"prompts_per_iteration": 600, "G": 8}},
+                          r"run 'a': prompts_per_iteration x G = 600 x 8 = 4800 responses an iteration; at most 4096"),
                          ({"config": {"G": 1}}, r"G=1: expected an integer >= 2"),
                          ({"config": {"clip_eps": 1e9}}, r"clip_eps=1000000000.0: expected a number in \(0, 1\)"),
                          ({"config": {"grpo_iterations": 2.5}}, r"grpo_iterations=2.5: expected a positive integer"),
@@ -79,6 +91,12 @@ def test_a_sweep_file_may_set_each_runs_budget_sampler_and_folder(tmp_path):
     path.write_text(json.dumps({"runs": [{"name": "a", "options": {}, "config": {"beta": 1}}]}))
     with pytest.raises(ValueError, match=r"run 'a''s config has unknown key\(s\) \['beta'\]"):
         sweep.load_settings(path)
+
+
+def test_the_pool_size_the_sweep_checks_is_the_pools():
+    from labkit.grpo.core import load_pool
+
+    assert sweep.POOL_SIZE == len(load_pool())
 
 
 def test_chapter9s_runs_keep_their_committed_folders():
@@ -132,6 +150,28 @@ def test_local_worker_processes_give_the_runs_the_cluster_gives(tmp_path, start_
     done = sweep.run_sweep(specs, workers=1, progress=False)
     assert done[0]["trained"] and done[0]["evaluated"]
     assert sweep.run_sweep(specs, workers=1, progress=False) == []
+
+
+def test_a_run_that_fails_fails_alone_and_the_sweep_says_so_in_one_line(tmp_path, start_file):
+    """Issue 58, item 9: a run whose folder another process writes fails; its partner is trained and kept,
+    and the failure is one line naming the run (SweepFailed: the command prints it, exit 2)."""
+    specs = specs_for(tmp_path / "local", start_file, [("grpo", Variant()), ("no_kl", Variant(kl="none"))])
+    busy = Path(specs[1]["folder"])
+    busy.mkdir(parents=True)
+    holder = subprocess.Popen([sys.executable, "-c", "import sys, time; from labkit.lab.runs import hold_folder; "
+                               "hold_folder(sys.argv[1]); print('held', flush=True); time.sleep(600)", str(busy)],
+                              stdout=subprocess.PIPE)
+    try:
+        assert holder.stdout.readline() == b"held\n"
+        with pytest.raises(sweep.SweepFailed) as failed:
+            sweep.run_sweep(specs, workers=2, progress=False)
+    finally:
+        holder.kill()
+        holder.wait()
+    message = str(failed.value)
+    assert "\n" not in message and message.startswith("1 sweep run(s) failed"), message
+    assert "no_kl: RunFolderBusyError: " in message and f"pid {holder.pid}" in message, message
+    assert RunFolder(specs[0]["folder"]).is_finished()
 
 
 def test_the_committed_sweep_is_complete_for_this_code():

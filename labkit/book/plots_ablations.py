@@ -31,12 +31,20 @@ def plot_identity(cases: list[dict]):
 
 
 def plot_gradient_noise(schemes: dict):
-    """Signal-to-noise of one batch's gradient under each advantage scheme (bars)."""
+    """Signal-to-noise of one batch's gradient under each advantage scheme: the estimate corrected for the
+    plug-in's 1/batches bias (bars), its jackknife 95% interval (whiskers), the plug-in (crosses), and zero."""
     fig, ax = plt.subplots(figsize=(5.5, 3.0))
     names = list(schemes)
-    ax.bar([SCHEME_WORDS[s] for s in names], [schemes[s]["snr"] for s in names], color="tab:blue")
+    labels = [SCHEME_WORDS[s] for s in names]
+    corrected = [schemes[s]["snr_corrected"] for s in names]
+    low = [c - schemes[s]["snr_interval"][0] for c, s in zip(corrected, names)]
+    high = [schemes[s]["snr_interval"][1] - c for c, s in zip(corrected, names)]
+    ax.bar(labels, corrected, yerr=[low, high], capsize=4, color="tab:blue", label="corrected, 95% interval")
+    ax.plot(labels, [schemes[s]["snr"] for s in names], "x", color="black", label="plug-in (biased up)")
+    ax.axhline(0.0, color="grey", lw=0.8)
     ax.set_ylabel("signal-to-noise per batch")
     ax.set_title("one batch's gradient at the warm start")
+    ax.legend(fontsize=7)
     fig.tight_layout()
     return fig
 
@@ -57,14 +65,18 @@ def plot_run_curves(runs: dict[str, Run], keys: tuple[tuple[str, str], ...]):
 
 
 def plot_frontier(runs: dict[str, Run]):
-    """Test per-draw success against the KL at the end of the run, one point per run."""
+    """Test per-draw success against the KL at the end of the run, one point per run, each with its Wilson 95%
+    interval: the intervals describe each rate, and whether two runs differ is their paired test, not this
+    picture (the axis spans a few points, so a small gap looks large without them)."""
     fig, ax = plt.subplots(figsize=(5.0, 3.4))
     for name, run in runs.items():
         s = summary(run)
-        ax.plot(s["kl_end"], 100 * s["test_per_draw"], "o")
-        ax.annotate(name, (s["kl_end"], 100 * s["test_per_draw"]), fontsize=8, xytext=(4, 2), textcoords="offset points")
+        rate, (low, high) = 100 * s["test_per_draw"], s["test_per_draw_ci"]
+        ax.errorbar(s["kl_end"], rate, yerr=[[rate - 100 * low], [100 * high - rate]], fmt="o", capsize=3)
+        ax.annotate(name, (s["kl_end"], rate), fontsize=8, xytext=(4, 2), textcoords="offset points")
     ax.set_xlabel("exact KL per token at the end")
     ax.set_ylabel("test per-draw success (%)")
+    ax.set_title("bars: Wilson 95% intervals (differences: paired tests)", fontsize=8)
     fig.tight_layout()
     return fig
 

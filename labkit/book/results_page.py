@@ -40,6 +40,7 @@ from ..lab.runs import (FINISHED_MARKER, REPO_ROOT, atomic_write_bytes, atomic_w
                         sha256_file)
 from ..eval import baselines, evaluate, paired
 from ..eval.evaluate import markdown_table, results_table, wilson_interval
+from . import results_chapters
 
 DEFAULT_RUN = REPO_ROOT / "runs" / "tiny"
 DEFAULT_OUT = REPO_ROOT / "book" / "results.md"
@@ -306,6 +307,11 @@ def _chance_section(run: Path, results: dict, main: list[str]) -> list[str]:
            f"{targets['OOD100']} in OOD100).", "",
            baselines.markdown_beside(results, b, policies)]
     out += [f"- {baselines.chance_sentence(results, b, policy, mode)}" for policy in main for mode in ("greedy", "sample")]
+    out += ["", "Diversity per problem (the source protocol asks for it): among each test problem's "
+            f"{results['policies'][policies[0]]['evaluation']['draws']} sampled answers, how many distinct "
+            "schema-valid values; a policy sure of one answer writes 1, one that guesses writes more, and an "
+            "answer with no valid value adds none (`labkit.eval.baselines.answers_per_problem`).", "",
+            baselines.markdown_diversity(run / "evaluation", policies)]
     return out + [""]
 
 
@@ -363,15 +369,17 @@ def _ablation_section(run: Path) -> list[str]:
     out = ["", "## What each piece does: the ablation sweep (chapters 2-8 and the objectives appendix)", "",
            f"Every run starts from the warm start at {partner.prompts_per_iteration} prompts x G = "
            f"{partner.G}, {partner.iterations} iterations, rate {ablations.format_rate(partner.lr)} "
-           "(`sweeps/ablations.json`), with the same prompts and seeds as `grpo`, and changes what its row says. "
-           "Differences are against `grpo`, paired: on the test (200 problems x 4 draws) and on the last "
+           f"(`sweeps/ablations.json`), with the same prompts and seeds as `{ablations.PARTNER}`, and changes what its "
+           f"row says. Differences are against `{ablations.PARTNER}`, paired: on the test (200 problems x 4 draws) and "
+           "on the last "
            "fixed-prompt validation checkpoint (64 problems x 4 draws), with the permutation test's p (\"<= p\": no "
            "resample was as extreme, so the true p may be smaller). The last "
            "three columns are means over the last 10 iterations. The KL estimators' runs (`k1_beta_1` to "
            "`k3_beta_1`) are paired with the exact KL at the same coefficient (`beta_1`) in the objectives "
            "appendix; the sampler runs (`bf16_*`, `fp8_*`) sample from a copy of the policy with rounded weights, "
            "and the appendix also gives the size of that mismatch.", "",
-           "| run | what it changes | test per draw | vs grpo, test (p) | vs grpo, validation (p) | KL at the end "
+           f"| run | what it changes | test per draw | vs {ablations.PARTNER}, test (p) | vs {ablations.PARTNER}, "
+           "validation (p) | KL at the end "
            "| tokens clipped | groups with no signal |",
            "| --- | --- | --- | --- | --- | --- | --- | --- |"]
     for r in sorted(rows, key=lambda r: (r["chapter"], r["name"])):
@@ -496,6 +504,7 @@ def _page(run: str | Path = DEFAULT_RUN) -> tuple[str, str, bytes]:
             f"`{sha256_file(results_path)[:16]}…`, and the raw predictions). Do not edit it by hand; regenerate it "
             "after a new run.\n```")
     summary = _summary(note, rates, by_pair, main, problems, draws)
+    chapters_summary, chapters_detail = results_chapters.sections(run) if _is_tiny_cache(run) else ([], [])
     out = [
         "# Results in detail",
         "",
@@ -525,6 +534,7 @@ def _page(run: str | Path = DEFAULT_RUN) -> tuple[str, str, bytes]:
     if LARGE in dirs:
         out += [""] + _large_section(rates["policies"][LARGE])
     out += _ablation_section(run)
+    out += chapters_detail
     out += ["", "## Training", ""]
     out += _training_rows(run)
     out += _times_rows(run)
@@ -541,7 +551,12 @@ def _page(run: str | Path = DEFAULT_RUN) -> tuple[str, str, bytes]:
         _authors_table(),
     ]
     figure = plots_results.png_bytes(rates["policies"], tuple(SUBSETS))
-    return "\n".join(summary).rstrip() + "\n", "\n".join(out).rstrip() + "\n", figure
+    return "\n".join(summary + chapters_summary).rstrip() + "\n", "\n".join(out).rstrip() + "\n", figure
+
+
+def _is_tiny_cache(run: Path) -> bool:
+    """Chapters 9-11's runs are the tiny preset's committed cache: their rows belong to its pages only."""
+    return run.resolve() == DEFAULT_RUN.resolve()
 
 
 def render(run: str | Path = DEFAULT_RUN) -> str:

@@ -68,6 +68,34 @@ def distinct_answers(evaluation_dir: str | Path, policies: list[str]) -> dict[st
     return out
 
 
+def answers_per_problem(evaluation_dir: str | Path, policy: str) -> dict:
+    """The diversity of one policy's draws, problem by problem: how many distinct schema-valid values each
+    problem's sampled answers hold (an answer with no valid value adds none).
+
+    {"draws": draws per problem, "problems": n, "mean": mean distinct values per problem,
+     "histogram": {k: problems with k distinct values, k = 0 .. draws}}."""
+    labels = {r["id"]: r for r in data.open_records("labels", "test", "scoring")}
+    values: dict[str, list] = {}
+    for r in read_predictions(Path(evaluation_dir) / policy, "sample"):
+        verdict = score(r["text"], r["finish_reason"], labels[r["problem_id"]]["problem"], r["tokenization_valid"])
+        values.setdefault(r["problem_id"], []).append(verdict.value)
+    draws = max(len(v) for v in values.values())
+    counts = [len(set(v) - {None}) for v in values.values()]
+    return {"draws": draws, "problems": len(counts), "mean": sum(counts) / len(counts),
+            "histogram": {k: counts.count(k) for k in range(draws + 1)}}
+
+
+def markdown_diversity(evaluation_dir: str | Path, policies: list[str]) -> str:
+    """`answers_per_problem` of each policy as a markdown table."""
+    rows = {policy: answers_per_problem(evaluation_dir, policy) for policy in policies}
+    draws = max(r["draws"] for r in rows.values())
+    head = ("| policy | distinct answers per problem (mean) | " + " | ".join(f"{k} distinct" for k in range(draws + 1))
+            + " |\n| --- | ---: | " + " | ".join("---:" for _ in range(draws + 1)) + " |")
+    lines = [f"| {policy} | {r['mean']:.2f} | " + " | ".join(str(r["histogram"].get(k, 0)) for k in range(draws + 1))
+             + " |" for policy, r in rows.items()]
+    return "\n".join([head, *lines]) + "\n"
+
+
 def baselines(evaluation_dir: str | Path, policies: list[str]) -> dict:
     """All three, in one dict (chapter 7 and the results page print it)."""
     return {"constant_answer": constant_answer(), "train_target_draw": train_target_draw(),

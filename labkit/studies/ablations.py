@@ -35,7 +35,7 @@ LAST_ITERATIONS = 10  # "at the end" of a run: the mean over its last 10 iterati
 # What each run changes against `grpo`, in the words of the chapters and the results page, grouped by
 # the chapter where the piece lives.
 CHANGES = {
-    "mean_only": (3, "no division by the group's std (A = r - mean: Dr. GRPO)"),
+    "mean_only": (3, "no division by the group's std (A = r - mean: Dr. GRPO's advantage, without its constant sum)"),
     "updates_1": (4, "1 update per batch (the ratio is exactly 1: the clip cannot act)"),
     "updates_2_clip_0p99": (4, "2 updates per batch, clip widened to 0.99 (it almost never binds)"),
     "updates_4": (4, "4 updates per batch, clip 0.2"),
@@ -64,7 +64,7 @@ CHANGES = {
     # the objectives of issue 43 (the appendix "The objectives people use now")
     "clip_higher": (9, "clip-higher: ratio clipped to [0.8, 1.28] (DAPO's epsilons)"),
     "token_mean": (9, "one token mean over the batch (DAPO's aggregation)"),
-    "dr_grpo": (9, "no std, sum over tokens / (B x 64) (Dr. GRPO)"),
+    "dr_grpo": (9, "no std, sum over tokens / (B x 64): Dr. GRPO, both its changes"),
     "dapo": (9, "DAPO: clip-higher, token mean, overlong filtering, dynamic sampling"),
     "gspo": (9, "GSPO: one ratio per response, clipped to [1 - 3e-4, 1 + 4e-4]"),
     "cispo": (9, "CISPO: capped, detached weight min(rho, 1.28) on every token, token mean"),
@@ -206,7 +206,8 @@ def summary(run: Run) -> dict:
 
 
 def evaluation_summary(folder: str | Path) -> dict:
-    """{"test_per_draw", "test_greedy"}: an evaluated policy's success on the 200 test problems."""
+    """{"test_per_draw" (with its Wilson 95% "test_per_draw_ci" and its "test_per_draw_counts", (right, draws)),
+    "test_greedy"}: an evaluated policy's success on the 200 test problems."""
     return dict(_evaluation_summary(Path(folder)))
 
 
@@ -216,6 +217,8 @@ def _evaluation_summary(folder: Path) -> dict:
 
     scored = evaluate.score_policy(folder, list(_labels()))
     return {"test_per_draw": scored["sample"]["ALL"]["success_rate"],
+            "test_per_draw_ci": tuple(scored["sample"]["ALL"]["success_rate_ci"]),
+            "test_per_draw_counts": (scored["sample"]["ALL"]["correct"], scored["sample"]["ALL"]["responses"]),
             "test_greedy": scored["greedy"]["ALL"]["success_rate"]}
 
 
@@ -281,15 +284,17 @@ def table(preset: str = "tiny") -> list[dict]:
 
 
 def seed_spread(method: str, preset: str = "tiny") -> dict:
-    """Three training seeds of `method` ("grpo", "rft" or "sft"): their test per-draw rates, the spread
-    (largest minus smallest) and the paired test of each other seed against the first."""
+    """Three training seeds of `method` ("grpo", "rft" or "sft"): their test per-draw rates and right draws (of
+    "draws"), the spread (largest minus smallest rate) and the paired test of each other seed against the first."""
     if method not in SEEDS:
         raise ValueError(f"method {method!r}: expected one of {sorted(SEEDS)}")
     runs = load(preset, SEEDS[method])
     seeds = [runs[name] for name in SEEDS[method]]
     rates = [summary(r)["test_per_draw"] for r in seeds]
+    counts = [summary(r)["test_per_draw_counts"] for r in seeds]
     tests = [compare(seeds[0], other)["test_sample"] for other in seeds[1:]]
     return {"names": [r.name for r in seeds], "test_per_draw": rates, "spread": max(rates) - min(rates),
+            "right": [c[0] for c in counts], "draws": counts[0][1],
             "p_against_first": [t["p_permutation"] for t in tests]}
 
 

@@ -48,6 +48,7 @@ IDENTITY_SIZES = (4, 16, 64, 256, 1024)
 IDENTITY_TRIALS = 2000
 NOISE_PROMPTS, NOISE_G = 4, 4  # the protocol's batch: 4 prompts x G = 4
 NOISE_BATCHES = 128  # measured batches
+NOISE_CHUNKS = 16  # the measured batches in this many equal chunks: the jackknife's units (`snr_with_interval`)
 REFERENCE_BATCHES = 128  # the reference's batches (2,048 rollouts), apart from the measured ones
 STUDY_SEED = 9090
 UNSURE = (0.3, 0.7)  # the identity's second case: the first pool problem whose right first digit has p in here
@@ -166,8 +167,10 @@ def gradient_noise(model, tokenizer, pool: list[dict], *, P: int = NOISE_PROMPTS
                    seed: int = STUDY_SEED, progress: bool = False) -> dict:
     """Each scheme's gradient over `batches` independent batches against the reference (the mean of
     the leave-one-out gradient over `reference_batches` other batches): {"schemes": {scheme:
-    {"variance" (E||g - mean g||^2), "mean_norm" (||mean g||), "snr" (||mean g||^2 / variance),
-    "cosine" (mean cosine of g with the reference), "cosine_of_mean"}}, "reference_norm",
+    {"variance" (E||g - mean g||^2), "mean_norm" (||mean g||), "snr" (||mean g||^2 / variance: the plug-in, biased
+    upward by about 1/batches), "snr_corrected" with its jackknife "snr_interval" (`snr_with_interval`),
+    "snr_minus_leave_one_out" (`snr_difference`, paired), "cosine" (mean cosine of g with the reference),
+    "cosine_of_mean"}}, "reference_norm",
     "zero_signal" (share of groups whose rewards were all equal), "rollouts"}."""
     generator = torch.Generator().manual_seed(seed)
     order = torch.randperm(len(pool), generator=generator).tolist()
@@ -176,7 +179,10 @@ def gradient_noise(model, tokenizer, pool: list[dict], *, P: int = NOISE_PROMPTS
         order = (order * math.ceil(need / len(pool)))[:need]  # prompts repeat across batches, never within one
     model.eval()  # the protocol scores in eval mode (dropout off)
     reference = None
-    sums = {s: {"sum": None, "sq": 0.0, "cos": 0.0} for s in ADVANTAGE_SCHEMES}
+    if batches % NOISE_CHUNKS:
+        raise ValueError(f"batches {batches}: must split into {NOISE_CHUNKS} equal chunks (the jackknife's units)")
+    chunk_size = batches // NOISE_CHUNKS
+    sums = {s: {"sum": None, "sq": 0.0, "cos": 0.0, "chunk_sums": [], "chunk_sq": []} for s in ADVANTAGE_SCHEMES}
     constant, groups = 0, 0
     for b in range(reference_batches + batches):
         chosen = [pool[i] for i in order[b * P:(b + 1) * P]]
@@ -194,6 +200,11 @@ def gradient_noise(model, tokenizer, pool: list[dict], *, P: int = NOISE_PROMPTS
             acc = sums[scheme]
             acc["sum"] = g.clone() if acc["sum"] is None else acc["sum"] + g
             acc["sq"] += float(g.pow(2).sum())
+            if (b - reference_batches) % chunk_size == 0:  # a new chunk begins
+                acc["chunk_sums"].append(torch.zeros_like(g, dtype=torch.float64))
+                acc["chunk_sq"].append(0.0)
+            acc["chunk_sums"][-1] += g.double()
+            acc["chunk_sq"][-1] += float(g.double().pow(2).sum())
             norm = float(g.norm())
             acc["cos"] += float(g @ reference) / (norm * float(reference.norm())) if norm > 0 else 0.0
         if progress:
@@ -206,11 +217,66 @@ def gradient_noise(model, tokenizer, pool: list[dict], *, P: int = NOISE_PROMPTS
         variance = acc["sq"] / batches - float(mean.pow(2).sum())
         out[scheme] = {"variance": variance, "mean_norm": float(mean.norm()),
                        "snr": float(mean.pow(2).sum()) / variance if variance > 0 else math.inf,
+                       **snr_with_interval(torch.stack(acc["chunk_sums"]),
+                                           torch.tensor(acc["chunk_sq"], dtype=torch.float64), chunk_size),
                        "cosine": acc["cos"] / batches,
                        "cosine_of_mean": float(mean @ reference) / (float(mean.norm()) * float(reference.norm()))}
+    chunks = {scheme: (torch.stack(acc["chunk_sums"]), torch.tensor(acc["chunk_sq"], dtype=torch.float64))
+              for scheme, acc in sums.items()}
+    for scheme in out:  # each scheme against the unbiased baseline, paired on the same batches
+        if scheme != "leave_one_out":
+            out[scheme]["snr_minus_leave_one_out"] = snr_difference(chunks[scheme], chunks["leave_one_out"], chunk_size)
     return {"schemes": out, "reference_norm": float(reference.norm()), "zero_signal": constant / groups,
             "rollouts": (batches + reference_batches) * P * G, "P": P, "G": G, "batches": batches,
             "reference_batches": reference_batches}
+
+
+def corrected_snr(total: torch.Tensor, squares: float, n: int) -> float:
+    """The signal-to-noise ||E g||^2 / E||g - E g||^2 of n gradients, from their sum (D,) and their summed squared
+    norms, with the plug-in's upward bias removed.
+
+    With s^2 = (sum ||g_i||^2 - n ||mean||^2) / (n - 1), the unbiased total variance, E ||mean||^2 = ||E g||^2 +
+    E s^2 / n: the plug-in ||mean||^2 / s^2 overstates the ratio by about 1/n, so the estimate is
+    ||mean||^2 / s^2 - 1 / n (it can fall below 0 when the signal is below the noise of n gradients)."""
+    mean_sq = float((total / n).pow(2).sum())
+    s2 = (squares - n * mean_sq) / (n - 1)
+    return mean_sq / s2 - 1.0 / n
+
+
+def snr_with_interval(chunk_sums: torch.Tensor, chunk_squares: torch.Tensor, chunk_size: int) -> dict:
+    """`corrected_snr` of all the gradients and its jackknife 95% interval, each of the K chunks left out in turn.
+
+    chunk_sums (K, D) float64: each chunk's sum of its `chunk_size` gradients; chunk_squares (K,): each chunk's summed
+    squared norms.  se = sqrt((K - 1) / K * sum_k (theta_-k - mean theta_-k)^2); the interval is theta +- 1.96 se
+    (a normal approximation over K = NOISE_CHUNKS units).  Returns {"snr_corrected", "snr_interval", "snr_se",
+    "jackknife_chunks"}."""
+    K = chunk_sums.shape[0]
+    total, squares, n = chunk_sums.sum(dim=0), float(chunk_squares.sum()), K * chunk_size
+    theta = corrected_snr(total, squares, n)
+    left_out = torch.tensor([corrected_snr(total - chunk_sums[k], squares - float(chunk_squares[k]), n - chunk_size)
+                             for k in range(K)], dtype=torch.float64)
+    se = math.sqrt((K - 1) / K * float((left_out - left_out.mean()).pow(2).sum()))
+    return {"snr_corrected": theta, "snr_interval": [theta - 1.96 * se, theta + 1.96 * se], "snr_se": se,
+            "jackknife_chunks": K}
+
+
+def snr_difference(a: tuple[torch.Tensor, torch.Tensor], b: tuple[torch.Tensor, torch.Tensor], chunk_size: int) -> dict:
+    """Scheme a's `corrected_snr` minus scheme b's, on the same batches, with the jackknife 95% interval of the
+    difference (the same chunks left out of both: a paired comparison, not two intervals side by side).
+    a, b: (chunk sums (K, D), chunk squared norms (K,)).  Returns {"difference", "interval", "se"}."""
+    (sa, qa), (sb, qb) = a, b
+    K = sa.shape[0]
+
+    def diff(drop: int | None) -> float:
+        keep = [k for k in range(K) if k != drop]
+        m = len(keep) * chunk_size
+        return (corrected_snr(sa[keep].sum(0), float(qa[keep].sum()), m)
+                - corrected_snr(sb[keep].sum(0), float(qb[keep].sum()), m))
+
+    theta = diff(None)
+    left_out = torch.tensor([diff(k) for k in range(K)], dtype=torch.float64)
+    se = math.sqrt((K - 1) / K * float((left_out - left_out.mean()).pow(2).sum()))
+    return {"difference": theta, "interval": [theta - 1.96 * se, theta + 1.96 * se], "se": se}
 
 
 def run_study(preset: str = "tiny", out: str | Path | None = None, progress: bool = True) -> dict:
@@ -235,7 +301,7 @@ def run_study(preset: str = "tiny", out: str | Path | None = None, progress: boo
         if len(cases) == 2:
             break
     noise = gradient_noise(model, tokenizer, pool, progress=progress)
-    results = {"format": "labkit gradient study v1", "start_file_sha256": sha256_file(start),
+    results = {"format": "labkit gradient study v2", "start_file_sha256": sha256_file(start),
                "identity": {"trials": IDENTITY_TRIALS, "cases": cases}, "noise": noise,
                "seconds": time.perf_counter() - began}
     write_json(folder.path / "results.json", results)

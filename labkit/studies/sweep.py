@@ -33,12 +33,12 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import os
 import time
-from concurrent.futures import ProcessPoolExecutor, as_completed
 from pathlib import Path
 
-from ..lab.runs import REPO_ROOT, RunFolder, preset_folder, read_checked_json, read_json, sha256_file, write_json
+from ..lab.runs import REPO_ROOT, RunFolder, RunFolderError, preset_folder, read_checked_json, read_json, sha256_file, write_json
 from ..lab.runtime import LEARNING_DATA_FILES, data_digests
 from ..grpo.variants import Variant, needs_learned_verifier
 
@@ -49,6 +49,9 @@ STARTS = ("warm_start", "base", "format_base")  # steps whose finished model a r
 # iteration, G, iterations, learning rate), the clip, the KL coefficient and the run's seed.
 CONFIG_KEYS = ("prompts_per_iteration", "G", "grpo_iterations", "grpo_lr", "clip_eps", "kl_coef", "seed")
 SAMPLERS = ("reference", "fast")
+MAX_SEED = 2**62
+POOL_SIZE = 872  # the GRPO pool's problems (labkit.grpo.core.load_pool): an iteration draws at most all of them
+MAX_RESPONSES_PER_ITERATION = 4096  # 32 x the ablations' 128: a few GB of logits, within a laptop's memory
 DATA_FILES = (*LEARNING_DATA_FILES, "test.statements.jsonl", "test.labels.jsonl")  # a run trains, then is tested
 
 
@@ -136,15 +139,34 @@ def _checked_config(path: Path, where: str, config) -> dict:
     for key, value in config.items():
         integer = key in ("prompts_per_iteration", "G", "grpo_iterations", "seed")
         kinds = (int,) if integer else (int, float)
-        if isinstance(value, bool) or not isinstance(value, kinds) or (key not in ("seed", "kl_coef") and not value > 0) \
+        if isinstance(value, bool) or not isinstance(value, kinds) or not math.isfinite(value) \
+                or (key not in ("seed", "kl_coef") and not value > 0) \
                 or (key == "kl_coef" and not value >= 0) or (key == "G" and value < 2) \
-                or (key == "clip_eps" and not value < 1):
-            rule = ("an integer >= 2" if key == "G" else "an integer" if key == "seed"
-                    else "a positive integer" if integer else "a number >= 0" if key == "kl_coef"
+                or (key == "clip_eps" and not value < 1) or (key == "seed" and not 0 <= value < MAX_SEED) \
+                or (key == "prompts_per_iteration" and value > POOL_SIZE):
+            rule = ("an integer >= 2" if key == "G"
+                    else f"an integer in 0..2**62 - 1 (each stream adds its offset to it, and a seed has 64 bits)"
+                    if key == "seed"
+                    else f"a positive integer at most {POOL_SIZE}, the pool's problems" if key == "prompts_per_iteration"
+                    else "a positive integer" if integer else "a finite number >= 0" if key == "kl_coef"
                     else "a number in (0, 1): the ratio is clipped to [1 - clip_eps, 1 + clip_eps]" if key == "clip_eps"
-                    else "a number > 0")
+                    else "a finite number > 0")
             raise ValueError(f"{path}: {where} config {key}={value!r}: expected {rule}")
     return dict(config)
+
+
+def _check_budget(path: Path, name: str, config: dict) -> None:
+    """Refuse, before any folder is made, a run whose iteration holds more responses than a laptop's memory
+    scores at once (MAX_RESPONSES_PER_ITERATION)."""
+    from ..config import get_preset
+
+    preset = get_preset("tiny")
+    P = config.get("prompts_per_iteration", preset.prompts_per_iteration)
+    G = config.get("G", preset.G)
+    if P * G > MAX_RESPONSES_PER_ITERATION:
+        raise ValueError(f"{path}: run {name!r}: prompts_per_iteration x G = {P} x {G} = {P * G} responses an "
+                         f"iteration; at most {MAX_RESPONSES_PER_ITERATION} (each update scores all of them in one "
+                         "batch, and its memory grows with their number)")
 
 
 def sweep_root(path: str | Path, preset: str) -> Path:
@@ -166,10 +188,13 @@ def load_settings(path: str | Path) -> dict[str, dict]:
     shared = spec.get("shared_prompts", False)
     if not isinstance(shared, bool):
         raise ValueError(f"{path}: shared_prompts {shared!r}: expected true or false")
-    return {entry.get("name", ""): {"config": {**common, **_checked_config(path, f"run {entry.get('name')!r}'s",
-                                                                            entry.get("config"))},
-                                    "sampler": sampler, "shared_prompts": shared}
-            for entry in spec["runs"] if isinstance(entry, dict)}
+    settings = {entry.get("name", ""): {"config": {**common, **_checked_config(path, f"run {entry.get('name')!r}'s",
+                                                                                entry.get("config"))},
+                                        "sampler": sampler, "shared_prompts": shared}
+                for entry in spec["runs"] if isinstance(entry, dict)}
+    for name, setting in settings.items():
+        _check_budget(path, name, setting["config"])
+    return settings
 
 
 def load_runs(path: str | Path, preset: str = "tiny") -> list[tuple[str, Variant]]:
@@ -437,24 +462,32 @@ def run_sweep(specs: list[dict], *, workers: int = 2, scheduler: str | None = No
             names = {f.key: s["name"] for f, s in zip(futures, todo)}
             for future in dask_completed(futures):
                 _collect(future, names[future.key], summaries, failures, progress)
-    else:
-        import multiprocessing
+    else:  # a process per run (`labkit.lab.workers`): a worker's death fails its run alone, none outlives the sweep
+        from ..lab.workers import run_in_processes
 
-        with ProcessPoolExecutor(max_workers=workers, mp_context=multiprocessing.get_context("spawn")) as pool:
-            names = {pool.submit(run_one, s): s["name"] for s in todo}
-            for future in as_completed(names):
-                _collect(future, names[future], summaries, failures, progress)
+        for spec, summary, error in run_in_processes(run_one, todo, workers):
+            if error is None:
+                summaries.append(_report(summary, progress))
+            else:
+                failures.append((spec["name"], error))
+                if progress:
+                    print(f"{spec['name']}: FAILED ({error})", flush=True)
     if failures:  # the other runs went on and are kept; a rerun reads them and retries only these
-        raise RuntimeError(f"{len(failures)} sweep run(s) failed: "
-                           + "; ".join(f"{name}: {type(err).__name__}: {err}" for name, err in failures))
+        raise SweepFailed(f"{len(failures)} sweep run(s) failed (the others are kept; rerun the same command to retry "
+                          "these): " + "; ".join(f"{name}: {error}" for name, error in failures))
     return summaries
 
 
+class SweepFailed(RunFolderError):
+    """Some runs of a sweep failed; each is named with its error in one line, and the finished ones are kept."""
+
+
 def _collect(future, name: str, summaries: list, failures: list, progress: bool) -> None:
+    """A Dask future's outcome: its summary, or (name, "ErrorName: message") among the failures."""
     try:
         summaries.append(_report(future.result(), progress))
     except Exception as err:  # noqa: BLE001  (reported by name with the others, after every run has ended)
-        failures.append((name, err))
+        failures.append((name, f"{type(err).__name__}: {err}"))
         if progress:
             print(f"{name}: FAILED ({type(err).__name__}: {err})", flush=True)
 

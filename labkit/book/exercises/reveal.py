@@ -43,13 +43,19 @@ def reveal_baseline(prediction, preset: str = "tiny") -> dict:
     study = ablations.gradient_study_results(preset)
     noise = study["noise"]
     schemes = noise["schemes"]
-    best = max(schemes, key=lambda s: schemes[s]["snr"])
+    best = max(schemes, key=lambda s: schemes[s]["snr_corrected"])
     print(f"{noise['batches']} batches of {noise['P']} prompts x G = {noise['G']} from the warm start "
           f"({noise['zero_signal']:.0%} of their groups had no signal); reference: "
-          f"{noise['reference_batches']} other batches.")
+          f"{noise['reference_batches']} other batches.  Signal-to-noise corrected for the plug-in's bias "
+          f"(+1/{noise['batches']} = {1 / noise['batches']:.4f}), with its jackknife 95% interval over "
+          f"{schemes[best]['jackknife_chunks']} chunks of batches; against leave-one-out, paired on the same batches:")
     for s, v in schemes.items():
-        print(f"  {ablations.SCHEME_WORDS[s]:<14} signal-to-noise {v['snr']:.3f}   "
-              f"cosine with the reference {v['cosine']:.2f}")
+        low, high = v["snr_interval"]
+        against = v.get("snr_minus_leave_one_out")
+        paired_text = ("" if against is None else f"   minus leave-one-out {against['difference']:+.4f} "
+                       f"[{against['interval'][0]:+.4f}, {against['interval'][1]:+.4f}]")
+        print(f"  {ablations.SCHEME_WORDS[s]:<14} {v['snr_corrected']:.4f} [{low:.4f}, {high:.4f}]   "
+              f"(plug-in {v['snr']:.4f})   cosine with the reference {v['cosine']:.2f}{paired_text}")
     cases = study["identity"]["cases"]
     sure, unsure = cases[0], cases[-1]
     at = sure["sizes"].index(16)
@@ -72,17 +78,34 @@ def reveal_baseline(prediction, preset: str = "tiny") -> dict:
         f"(p = {sure['p_right']:.2f}) the raw reward's error is {sure['none']['rms_error'][at]:.4f} against "
         f"{sure['leave_one_out']['rms_error'][at]:.4f} with leave-one-out; where it is unsure (p = "
         f"{unsure['p_right']:.2f}), {unsure['none']['rms_error'][at]:.4f} against "
-        f"{unsure['leave_one_out']['rms_error'][at]:.4f}.  What GRPO's baseline buys is a loss whose winners and "
-        f"losers balance, not a quieter gradient at this start.  In training, "
+        f"{unsure['leave_one_out']['rms_error'][at]:.4f}.  {_snr_lead(schemes, best, noise['batches'])}  "
+        f"What GRPO's baseline buys is a loss whose winners and losers balance, not a quieter gradient at this start.  "
+        f"In training, "
         + (f"{' and '.join(separable)} separated from GRPO." if separable else
            f"no advantage separated from GRPO (smallest p = {min(r['p'] for r in trained):.2g}); "
-           + (f"the largest difference, {largest:.1f} points, is less than the {spread:.1f} points between GRPO's "
+           + (f"the largest difference, {largest:.1f} points, is less than the {spread:.2f} points between GRPO's "
               f"own three training seeds: at this budget the choice of baseline moves success less than a seed does."
               if largest < spread else
-              f"the largest difference is {largest:.1f} points, GRPO's own three training seeds span {spread:.1f}."))))
+              f"the largest difference is {largest:.1f} points, GRPO's own three training seeds span {spread:.2f}."))))
 
 
-BASELINE_RUNS = {"mean_only": "group mean (Dr. GRPO)", "rloo": "leave-one-out (RLOO)",
+def _snr_lead(schemes: dict, best: str, batches: int) -> str:
+    """The highest signal-to-noise against leave-one-out's, paired on the same batches, in words."""
+    words = ablations.SCHEME_WORDS
+    mean_equal = abs(schemes["mean"]["snr_corrected"] - schemes["leave_one_out"]["snr_corrected"]) < 1e-6
+    same = ("The group mean's ratio equals leave-one-out's exactly: its advantages are (G-1)/G times theirs, and a "
+            "scale cancels in the ratio.  " if mean_equal else "")
+    if best == "leave_one_out":
+        return same + "Leave-one-out's estimate is the highest."
+    lead = schemes[best]["snr_minus_leave_one_out"]
+    low, high = lead["interval"]
+    return same + (f"The {words[best]}'s lead over leave-one-out, {lead['difference']:+.4f} [{low:+.4f}, {high:+.4f}] "
+                   f"paired on the same {batches} batches, "
+                   + ("excludes zero: it is separated." if low > 0 else
+                      "includes zero: at this many batches it is a lean, not a separation."))
+
+
+BASELINE_RUNS = {"mean_only": "group mean (no std)", "rloo": "leave-one-out (RLOO)",
                  "no_baseline": "raw reward (REINFORCE)"}
 
 
@@ -144,10 +167,19 @@ def reveal_leash(prediction, preset: str = "tiny") -> dict:
                              f"p = {c['p_permutation']:.2g})")
     tested = ("on the test, " + ", ".join(separable) + " differs from no leash at p < 0.05"
               if separable else "on the test, no beta differs from no leash at p < 0.05")
+    # the highest point of the figure, against the protocol's beta, paired (its axis spans a few points)
+    top_name, top_beta = max(betas, key=lambda nb: ablations.summary(runs[nb[0]])["test_per_draw"])
+    top = (ablations.compare(runs[ablations.PARTNER], runs[top_name])["test_sample"]
+           if top_name != ablations.PARTNER else None)
+    highest = ("the highest point of Figure 5.3 is the protocol's beta itself" if top is None else
+               f"the highest point of Figure 5.3, beta {top_beta:g}, against the protocol's beta: "
+               f"{100 * top['mean_difference']:+.1f} points, p = {top['p_permutation']:.2g} ("
+               + ("separable" if top["p_permutation"] < paired.ALPHA else "not separable: its intervals say no more")
+               + ")")
     return check_prediction(prediction, measured, **EXPECTED["reveal_leash"], why=(
         f"the penalty pulls with beta times the KL's gradient.  At the protocol's beta the run ends with "
         f"{protocol_share:.0%} of the free run's KL: at this budget the leash does not bind; the KL halves only "
-        f"once beta reaches {measured:g}.  On success: {tested}."))
+        f"once beta reaches {measured:g}.  On success: {tested}; {highest}."))
 
 
 def reveal_seeds(prediction, preset: str = "tiny") -> dict:
@@ -155,12 +187,14 @@ def reveal_seeds(prediction, preset: str = "tiny") -> dict:
     require_prediction(prediction, **EXPECTED["reveal_seeds"])  # refused before anything is shown
     spreads = {m: ablations.seed_spread(m, preset) for m in ablations.SEEDS}
     for m, s in spreads.items():
-        print(f"{m.upper():<5} test per draw by seed: " + ", ".join(f"{r:.1%}" for r in s["test_per_draw"])
-              + f"; spread {100 * s['spread']:.1f} points")
+        # counts: 800 draws make steps of 0.125 points, which two decimals of a percentage round unevenly
+        right = s["right"]
+        print(f"{m.upper():<5} test draws right by seed: " + ", ".join(f"{k}" for k in right) + f" of {s['draws']}; "
+              f"spread {max(right) - min(right)} draws = {100 * s['spread']:.3g} points")
     g = spreads["grpo"]
-    return check_prediction(prediction, round(100 * g["spread"], 1), tolerance=1.0, **EXPECTED["reveal_seeds"], why=(
+    return check_prediction(prediction, round(100 * g["spread"], 2), tolerance=1.0, **EXPECTED["reveal_seeds"], why=(
         f"each seed draws other prompts in another order and samples other rollouts: the same method lands "
-        f"{100 * g['spread']:.1f} points apart.  An ablation's effect smaller than that is not told apart from a "
+        f"{100 * g['spread']:.2f} points apart.  An ablation's effect smaller than that is not told apart from a "
         "lucky seed by one run of each."))
 
 
