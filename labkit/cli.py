@@ -294,7 +294,7 @@ def cmd_results(args: argparse.Namespace) -> int:
     root = evaluate.evaluation_root(args.preset, args.limit)
     for message in evaluate.stale_evaluations(args.preset, root):
         print(f"stale: {message}", file=sys.stderr)
-    unfinished = [p for p in evaluate.POLICIES if (root / p).is_dir() and not (root / p / "FINISHED").is_file()]
+    unfinished = [p for p in evaluate.POLICIES if (root / p).is_dir() and not evaluate.is_finished(root / p)]
     if unfinished and not getattr(args, "check", False):
         # results.json would silently leave it out: an interrupted evaluation is finished first (issue 58, item 5)
         raise ValueError(f"{root / unfinished[0]} holds an evaluation that is not finished, which results.json would "

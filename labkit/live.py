@@ -27,11 +27,15 @@ LIVE_DIR = REPO_ROOT / "runs" / "scratch" / "live" / "grpo"
 
 
 def _iteration_line(rows: list[dict], G: int) -> dict:
-    """The mean reward and the share of silent groups of one iteration's rollout rows (prompt-major groups)."""
-    rewards = [float(r["reward"]) for r in rows]
-    groups = [rewards[i:i + G] for i in range(0, len(rewards), G)]
-    return {"reward": sum(rewards) / len(rewards),
-            "frac_reward_zero_std": sum(len(set(g)) == 1 for g in groups) / len(groups)}
+    """The mean reward and the share of silent groups of one iteration's rollout rows (prompt-major groups),
+    as the loop's history defines them (`labkit.grpo.losses.zero_variance_groups`)."""
+    import torch
+
+    from .grpo import losses
+
+    rewards = torch.tensor([float(r["reward"]) for r in rows]).reshape(-1, G)  # (P, G)
+    return {"reward": float(rewards.mean()),
+            "frac_reward_zero_std": float(losses.zero_variance_groups(rewards).float().mean())}
 
 
 def live_grpo(iterations: int = 10, *, preset: str = "tiny", run_dir: str | Path | None = None,
