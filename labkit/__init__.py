@@ -13,7 +13,8 @@ Its units sit in one order; each imports only from itself and the units above it
     eval/      evaluating a policy, paired tests, profiles
     studies/   each chapter's experiments, built on the units above
     book/      figures, pages, student copies, the exercises' checkers
-    commands   cli (`python -m labkit`), pipeline, steps (the cached run's step graph), fill (local models rebuilt and checked), smoke, bench
+    commands   cli (`python -m labkit`), pipeline, steps (the cached run's step graph), fill (local models rebuilt and
+               checked), live (chapter 6's run, replayed live), smoke, bench
 
 One GRPO iteration, in reading order (labkit/grpo/__init__.py says more):
 grpo/core.py `run_iteration` samples with models/sampling.py, scores with task/verifier.py, takes
@@ -25,6 +26,7 @@ equal):
     labkit.lab       runs
     labkit.task      problems, verifier, data, worked
     labkit.config
+    labkit.live
     labkit.models    presets, scoring, rollouts, sampling
     labkit.train     schedule, adam_step, corpus, answer_phase, sft
     labkit.grpo      core, loop, losses, objectives, variants

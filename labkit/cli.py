@@ -294,7 +294,7 @@ def cmd_results(args: argparse.Namespace) -> int:
     root = evaluate.evaluation_root(args.preset, args.limit)
     for message in evaluate.stale_evaluations(args.preset, root):
         print(f"stale: {message}", file=sys.stderr)
-    unfinished = [p for p in evaluate.POLICIES if (root / p).is_dir() and not (root / p / "FINISHED").is_file()]
+    unfinished = [p for p in evaluate.POLICIES if (root / p).is_dir() and not evaluate.is_finished(root / p)]
     if unfinished and not getattr(args, "check", False):
         # results.json would silently leave it out: an interrupted evaluation is finished first (issue 58, item 5)
         raise ValueError(f"{root / unfinished[0]} holds an evaluation that is not finished, which results.json would "
@@ -458,6 +458,17 @@ def cmd_reward_model(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_live(args: argparse.Namespace) -> int:
+    """Run the protocol's GRPO yourself, one line an iteration beside the committed run's (labkit.live)."""
+    from . import live
+
+    lines = live.live_grpo(args.iterations, run_dir=args.run_dir, restart=args.restart)
+    agree = sum(line["agrees"] for line in lines)
+    print(f"live grpo: {len(lines)} iteration(s), {agree} the committed run's rollouts exactly; Ctrl-C keeps every "
+          "finished iteration, and the same command goes on")
+    return 0
+
+
 def cmd_gradient_study(args: argparse.Namespace) -> int:
     """Chapters 2-3: the policy-gradient identity on an enumerable game, and the estimator's noise at the warm start."""
     import torch
@@ -609,7 +620,7 @@ def _add_sft_arguments(p: argparse.ArgumentParser) -> None:
 COMMAND_ORDER = ("data", "pretrain", "warm-start", "sft", "sft-resume-check", "grpo", "grpo-resume-check",
                  "sampler-agreement", "evaluate", "results-json", "group-size",  # the protocol, in order
                  "grpo-large", "sweep", "gradient-study", "objective-cases", "reward-model", "format-base", "overoptimisation",
-                 "thinking-bases", "reasoning", "all", "smoke", "cache",
+                 "thinking-bases", "reasoning", "live", "all", "smoke", "cache",
                  "tune", "bench", "student")  # the tools
 
 
@@ -810,6 +821,14 @@ def _add_chapter10_commands(sub) -> None:
     p.add_argument("--preset", default="tiny", choices=["tiny", "qwen"], help="model preset (default: %(default)s)")
     common(p, "runs/<preset>/reward_model", "use only the first N train problems (default: all 1,000)")
     p.set_defaults(func=cmd_reward_model)
+
+    p = sub.add_parser("live", help="chapter 6: run the protocol's GRPO yourself, live, each iteration beside the "
+                                    "committed run's (one torch thread; Ctrl-C keeps what is done, run again to go on)")
+    p.add_argument("what", choices=["grpo"], help="the run to replay: the protocol's GRPO run")
+    p.add_argument("--iterations", type=int, default=10, help="iterations 1..N (default: %(default)s)")
+    p.add_argument("--run-dir", type=Path, default=None, help="folder (default: runs/scratch/live/grpo)")
+    p.add_argument("--restart", action="store_true", help="delete an earlier live run and begin at iteration 1")
+    p.set_defaults(func=cmd_live)
 
     p = sub.add_parser("gradient-study", help="chapters 2-3: the policy-gradient identity, exactly, and the "
                                               "gradient's noise under each advantage scheme at the warm start")

@@ -2,7 +2,8 @@
 
 The knobs (`labkit.book.knobs`) show sliders in JupyterLab; a widget's output names a random model id,
 so under nbval they draw their figure at the default setting instead (LABKIT_KNOBS=0, inherited
-by every kernel started from here), as the stored outputs do.
+by every kernel started from here), as the stored outputs do.  Chapter 6's live run (`labkit.live`) is
+skipped the same way (LABKIT_LIVE=0): the tests read the committed run, and so does the book's build.
 
 
 `make test` runs nbval twice side by side (native and portable kernels).  A kernel's ports are
@@ -21,6 +22,7 @@ from pathlib import Path
 import nbval.kernel
 
 os.environ["LABKIT_KNOBS"] = "0"
+os.environ["LABKIT_LIVE"] = "0"  # chapter 6's live run reads nothing here: the tests read the committed run
 _start_new_kernel = nbval.kernel.start_new_kernel
 LOCK = Path(tempfile.gettempdir()) / "labkit-nbval-kernel-start.lock"
 

@@ -48,6 +48,11 @@ SMOKE = "tests/test_smoke.py"
 # runs three workers on the two cores: a quarter of its two workers' time was idle (its tests wait on the
 # processes they start and kill), and a third worker fills it (262 -> 237 s on 2026-12-04, peak 3.3 -> 3.8 GiB).
 UNIT_WORKERS = "3"
+# The files that take longest, named first: pytest-xdist hands whole files to the workers in the order
+# they are collected (alphabetical), so a long file that comes late ends the phase alone.  Started
+# first, they run beside the many short files instead.  (pytest collects a file named twice once.)
+LONGEST_FIRST = ["tests/test_fault_injection.py", "tests/test_fault_injection_sft.py", "tests/test_sweep.py",
+                 "tests/test_results_page.py", "tests/test_fault_injection_signals.py", "tests/test_group_size.py"]
 sys.path.insert(0, str(ROOT / "tests"))
 from portable import PORTABLE_FILES, PORTABLE_TESTS  # noqa: E402  (no imports of its own: no torch here)
 
@@ -56,7 +61,7 @@ STUDENT_HTML = "_build/student_src/_build/html"  # the Makefile's STUDENT_HTML
 GROUPS = [
     [("prepare", ["make", "--no-print-directory", "setup", "mathjax", "browser"], {})],  # once, before phases share them
     [("unit", [PY, "-m", "pytest", "-q", "-p", "no:nbval", "-n", UNIT_WORKERS, "--dist", "loadfile",
-               "--no-loadscope-reorder", "--durations=25", f"--ignore={SMOKE}", "tests"], {})],
+               "--no-loadscope-reorder", "--durations=25", f"--ignore={SMOKE}", *LONGEST_FIRST, "tests"], {})],
     [("nbval", [PY, "-m", "pytest", "-q", "--nbval", "--nbval-current-env", "notebooks"], {}),
      ("nbval, portable kernels", [PY, "-m", "pytest", "-q", "--nbval", "--nbval-current-env", "notebooks"], PORTABLE)],
     [("qwen smoke", [PY, "-m", "pytest", "-q", "-p", "no:nbval", SMOKE], {}),

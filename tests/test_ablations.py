@@ -41,7 +41,7 @@ def test_the_sweep_file_is_the_design_the_chapters_describe():
     assert updates == {1, 2, 4, 16}  # chapter 4: "1, 2, 4 and 16 updates per batch"
     assert settings["updates_16_rate_3e-4"]["config"]["grpo_lr"] == pytest.approx(3 * SPEC["config"]["grpo_lr"])
     assert {n: settings[n]["config"].get("seed") for n in names if "seed" in n} == {
-        f"{m}_seed_{k}": 1233 + k for m in ("grpo", "rft", "sft") for k in (2, 3)}
+        f"{m}_16x8_seed_{k}": 1233 + k for m in ("grpo", "rft", "sft") for k in (2, 3)}
 
 
 def _differences(spec: dict, partner: dict) -> set[str]:
@@ -61,9 +61,9 @@ EXPECTED_DIFFERENCES = {
     "updates_16_clip_0p99_rate_3e-4": {"options.updates_per_iteration", "config.grpo_lr", "config.clip_eps"},
     **{b: {"config.kl_coef"} for b in ("beta_0", "beta_0p2", "beta_1", "beta_5")},
     **{s: {"config.prompts_per_iteration", "G"} for s in ("split_64x2", "split_32x4", "split_8x16")},
-    "grpo_seed_2": {"config.seed"}, "grpo_seed_3": {"config.seed"},
-    "rft": {"options.objective", "options.kl"}, "sft": {"options.objective", "options.kl"},
-    **{f"{m}_seed_{k}": {"options.objective", "options.kl", "config.seed"} for m in ("rft", "sft") for k in (2, 3)},
+    "grpo_16x8_seed_2": {"config.seed"}, "grpo_16x8_seed_3": {"config.seed"},
+    "rft_16x8": {"options.objective", "options.kl"}, "sft_16x8": {"options.objective", "options.kl"},
+    **{f"{m}_16x8_seed_{k}": {"options.objective", "options.kl", "config.seed"} for m in ("rft", "sft") for k in (2, 3)},
     "no_baseline": {"options.baseline", "options.scale_by_std"},
     "rloo": {"options.baseline", "options.scale_by_std"},
     "clip_higher": {"options.clip_eps_high"}, "token_mean": {"options.reduction"},
@@ -130,8 +130,8 @@ def _gunzip(path: Path) -> list[str]:
 
 def test_a_paired_comparison_is_antisymmetric():
     runs = ablations.load()
-    ab = ablations.compare(runs["grpo"], runs["beta_5"])
-    ba = ablations.compare(runs["beta_5"], runs["grpo"])
+    ab = ablations.compare(runs[ablations.PARTNER], runs["beta_5"])
+    ba = ablations.compare(runs["beta_5"], runs[ablations.PARTNER])
     assert ab["test_sample"]["mean_difference"] == -ba["test_sample"]["mean_difference"]
     assert ab["test_greedy"]["gained"] == ba["test_greedy"]["lost"]
     assert math.isclose(ab["validation"]["mean_difference"], -ba["validation"]["mean_difference"])

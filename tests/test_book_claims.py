@@ -138,7 +138,7 @@ def test_figure_5_3_draws_each_runs_interval_and_the_reveal_tests_its_highest_po
     from labkit.book import plots_ablations
     from labkit.studies import ablations
 
-    runs = ablations.load(names=("beta_0", "grpo", "beta_0p2", "beta_1", "beta_5"))
+    runs = ablations.load(names=("beta_0", ablations.PARTNER, "beta_0p2", "beta_1", "beta_5"))
     fig = plots_ablations.plot_frontier({f"beta {r.kl_coef:g}": r for r in runs.values()})
     bars = [c for c in fig.axes[0].containers if isinstance(c, ErrorbarContainer)]
     assert len(bars) == 5

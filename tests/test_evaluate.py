@@ -144,6 +144,41 @@ def test_a_finished_evaluation_is_never_overwritten(root, state_files):
                                max_new_tokens=NEW_TOKENS)
 
 
+@pytest.mark.parametrize("where", ["generation", "writing"])
+def test_an_interrupted_overwrite_leaves_the_finished_evaluation_finished(monkeypatch, root, state_files, tmp_path,
+                                                                          where):
+    """Issue 58, item 5: a Ctrl-C during `evaluate --overwrite`'s generation keeps the old evaluation finished
+    and byte for byte; one while the new files are written waits until they are whole, then stops."""
+    import os
+    import signal
+
+    target = copy_root(root, tmp_path)
+    before = {p.name: p.read_bytes() for p in (target / "sft").iterdir() if p.is_file()}
+    write = evaluate.write_jsonl
+
+    def ctrl_c_in_generation(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    def ctrl_c_in_the_write(path, rows):
+        os.kill(os.getpid(), signal.SIGINT)  # delivered to the shield's handler, which waits
+        return write(path, rows)
+
+    if where == "generation":
+        monkeypatch.setattr(evaluate, "generate_predictions", ctrl_c_in_generation)
+    else:
+        monkeypatch.setattr(evaluate, "write_jsonl", ctrl_c_in_the_write)
+    with pytest.raises(KeyboardInterrupt):
+        evaluate.run_inference("tiny", "sft", state_file=state_files["sft"], eval_root=target, limit=LIMIT,
+                               max_new_tokens=NEW_TOKENS, overwrite=True)
+    assert is_finished(target / "sft")
+    runs.release_folder(target / "sft")  # the process lives on (a test); a command's end releases it
+    if where == "generation":
+        assert {p.name: p.read_bytes() for p in (target / "sft").iterdir() if p.is_file()} == before
+    else:  # the same policy and seeds: the rewritten evaluation equals the old one but for its timings
+        assert read_jsonl(target / "sft" / evaluate.PREDICTION_FILES["greedy"]) == \
+            read_jsonl(root / "sft" / evaluate.PREDICTION_FILES["greedy"])
+
+
 def test_a_policy_changed_during_generation_is_refused(monkeypatch, state_files, tmp_path):
     original = evaluate.generate_predictions
 

@@ -103,3 +103,32 @@ def test_ctrl_c_in_sft_says_which_state_to_resume_from(tmp_path, launch):
     assert state.parent == folder / "states" and state.is_file() and "Traceback" not in run.output()
     launch(folder, "--resume-from", str(state), cli=SFT_CLI).finish()
     assert is_finished(folder)
+
+
+def test_a_stop_during_sfts_final_stage_resumes_from_the_last_epochs_state(tmp_path, capsys, monkeypatch):
+    """Issue 58, item 3: a Ctrl-C during the final greedy validation names the last epoch's state, and
+    --resume-from that state finishes the run (it was refused: "nothing to do up to epoch 3")."""
+    from labkit import cli
+    from labkit.train import sft
+
+    folder = tmp_path / "run"
+    command = SFT_CLI[3:-1] + ["--run-dir", str(folder)]  # with the greedy validations, on 4 problems
+    greedy, calls = sft.greedy_validation, []
+
+    def ctrl_c_in_the_final_validation(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == 2:  # the first is the start's, the second the end's
+            raise KeyboardInterrupt
+        return greedy(*args, **kwargs)
+
+    monkeypatch.setattr(sft, "greedy_validation", ctrl_c_in_the_final_validation)
+    assert cli.main(command) == 130
+    state = folder / "states" / "epoch-3.pt.gz"
+    last = capsys.readouterr().err.strip().splitlines()[-1]
+    assert last.endswith(f"continue with the same command and --resume-from {state}"), last
+    assert not is_finished(folder)
+    monkeypatch.undo()
+    assert cli.main(command + ["--resume-from", str(state)]) == 0
+    assert is_finished(folder)
+    manifest = read_json(folder / "manifest.json")
+    assert manifest["status"] == "finished" and manifest["validation_greedy"]["problems"] == 4, manifest

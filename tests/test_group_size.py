@@ -139,6 +139,18 @@ def fake_tree(tmp_path):
     return root, code
 
 
+def test_protection_lists_what_a_clone_holds_never_a_lock_or_a_saved_state(tmp_path):
+    """The list is the same on the machine that made the runs and on a clone (which has no lock and no
+    states: .gitignore): 49 entries in one build and 52 in another was the old list's fault."""
+    root, code = fake_tree(tmp_path)
+    clone = {label for label in gs.record_protection(root, code)}
+    (root / "grpo" / ".lock").write_text("pid\n")
+    (root / "grpo" / "states").mkdir()
+    (root / "grpo" / "states" / "iter-040.pt.gz").write_bytes(b"state")
+    assert {label for label in gs.record_protection(root, code)} == clone
+    assert "runs/tiny/grpo/history.json" in clone
+
+
 @pytest.mark.parametrize("target", ["grpo/model.safetensors", "grpo/history.json", "code:labkit/task/verifier.py",
                                     "results:grpo"])
 def test_protection_flips_and_names_the_changed_file(tmp_path, target):

@@ -27,9 +27,9 @@ UNITS = (
     ("eval", "evaluating a policy, paired tests, profiles"),
     ("studies", "each chapter's experiments, built on the units below"),
     ("book", "figures, pages, student copies, exercises"),
-    ("commands", "the command line, the pipeline, the smoke run, the benchmarks"),
+    ("commands", "the command line, the pipeline, the live run, the smoke run, the benchmarks"),
 )
-COMMANDS = ("cli", "__main__", "pipeline", "steps", "fill", "smoke", "bench")
+COMMANDS = ("cli", "__main__", "pipeline", "steps", "fill", "live", "smoke", "bench")
 ORDER = {name: i for i, (name, _) in enumerate(UNITS)}
 
 

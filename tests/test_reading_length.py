@@ -147,3 +147,17 @@ if __name__ == "__main__":
         for text in texts:
             for m in dangling_references(text, found):
                 print(f"dangling: {path.name}: {m}")
+
+
+_CAPTION = re.compile(r"\*\*Figure (\d+\.\d+)(?:\.\*\*|\*\* \(in the answer above\):)")
+
+
+@pytest.mark.parametrize("path", CHAPTERS, ids=lambda p: p.stem)
+def test_figures_are_cited_in_order_and_each_has_a_caption(path):
+    """Issue 57: Figure 2.3 was cited before 2.2, and the predict-then-run figures had no caption."""
+    text = "\n".join(_source(c) for c in _cells(path))
+    first_cited = list(dict.fromkeys(re.findall(r"Figure (\d+\.\d+)", text)))
+    numbers = [tuple(int(x) for x in n.split(".")) for n in first_cited]
+    assert numbers == sorted(numbers), f"{path.name}: figures first cited in the order {first_cited}"
+    captioned = set(_CAPTION.findall(text))
+    assert set(first_cited) <= captioned, f"{path.name}: no caption for {sorted(set(first_cited) - captioned)}"

@@ -35,7 +35,7 @@ def test_the_sweep_file_is_checked_by_name(tmp_path):
 
 def test_the_committed_sweep_file_lists_the_chapters_runs():
     names = [name for name, _ in sweep.load_runs(sweep.DEFAULT_FILE)]
-    assert names == ["grpo", "dr_grpo", "one_update", "k3_penalty", "no_kl", "rft", "sft_equal_prompts",
+    assert names == ["grpo", "no_std", "one_update", "k3_penalty", "no_kl", "rft", "sft_equal_prompts",
                      "random_reward", "format_reward"]
     random = dict(sweep.load_runs(sweep.DEFAULT_FILE))["random_reward"]
     assert random.random_reward_p == read_json(sweep.REPO_ROOT / "runs/tiny/group_size/warm_start_p.json")["p"]

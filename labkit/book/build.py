@@ -149,6 +149,7 @@ def execute_notebook(path: str | Path, timeout: int = 600) -> float:
     path = Path(path)
     nb = nbformat.read(path, as_version=4)
     os.environ["LABKIT_KNOBS"] = "0"  # the knobs store their static figure, never a widget (labkit.book.knobs)
+    os.environ["LABKIT_LIVE"] = "0"  # a live run's cell stores its skip line, never a run (labkit.live)
     started = time.perf_counter()
     NotebookClient(nb, timeout=timeout, kernel_name="python3", record_timing=False,
                    resources={"metadata": {"path": str(path.parent)}}).execute()

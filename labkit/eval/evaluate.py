@@ -64,7 +64,8 @@ from pathlib import Path
 
 
 from ..lab import memory, runtime
-from ..lab.runs import (FINISHED_MARKER, REPO_ROOT, display_path, dumps_json, ensure_not_finished, is_finished,
+from ..lab.skeleton import shielded
+from ..lab.runs import (FINISHED_MARKER, REPO_ROOT, display_path, dumps_json, hold_for_replacing, is_finished,
                    mark_finished, preset_folder, read_json, read_jsonl, sha256_file, write_json, write_jsonl)
 from ..task import data, verifier
 from ..config import QWEN, get_preset
@@ -257,7 +258,7 @@ def run_inference(preset: str, policy: str, *, state_file: str | Path | None = N
         raise ValueError(f"draws must be a positive integer, got {draws!r}")
     state_file = Path(state_file) if state_file is not None else policy_state_file(preset, policy)
     out_dir = Path(eval_root if eval_root is not None else evaluation_root(preset, limit)) / policy
-    ensure_not_finished(out_dir, overwrite)
+    hold_for_replacing(out_dir, overwrite)  # a finished evaluation stays finished until stage 3
 
     # Stage 1: the statements (phase "inference": no labels) and the policy, reloaded from its file.
     statements = load_test_statements(limit)
@@ -292,11 +293,6 @@ def run_inference(preset: str, policy: str, *, state_file: str | Path | None = N
                 raise ValueError(f"policy {policy!r} changed during {mode} generation: digest {digest[:16]}... "
                                  f"became {after[:16]}...; generation must not touch the weights")
 
-    # Stage 3: write the predictions, the side files, then FINISHED (last: a folder without it is not
-    # evidence).  An overwritten evaluation loses its marker only now, after generation succeeded.
-    (out_dir / FINISHED_MARKER).unlink(missing_ok=True)
-    for mode in MODES:
-        write_jsonl(out_dir / PREDICTION_FILES[mode], rows[mode])
     manifest = {
         "phase": INFERENCE_PHASE,  # how labkit.task.data recognises these files as inference outputs
         "preset": preset,
@@ -315,10 +311,19 @@ def run_inference(preset: str, policy: str, *, state_file: str | Path | None = N
         "environment": env,
         "config_fingerprint": config.fingerprint(),
     }
-    write_json(out_dir / MANIFEST_FILE, manifest)
-    write_json(out_dir / COSTS_FILE, costs)
-    mark_finished(out_dir, {"policy": policy, "policy_digest": digest,
-                            "responses": {m: len(rows[m]) for m in MODES}})
+    # Stage 3: write the predictions, the side files, then FINISHED (last: a folder without it is not
+    # evidence).  An overwritten evaluation loses its marker only now, after generation succeeded, and
+    # a Ctrl-C waits until the new one is whole.
+    with shielded("the evaluation is being written; it stops as soon as its files are whole") as heard:
+        (out_dir / FINISHED_MARKER).unlink(missing_ok=True)
+        for mode in MODES:
+            write_jsonl(out_dir / PREDICTION_FILES[mode], rows[mode])
+        write_json(out_dir / MANIFEST_FILE, manifest)
+        write_json(out_dir / COSTS_FILE, costs)
+        mark_finished(out_dir, {"policy": policy, "policy_digest": digest,
+                                "responses": {m: len(rows[m]) for m in MODES}})
+    if heard:
+        raise KeyboardInterrupt(f"interrupted after the evaluation of {policy} was written whole")
     return manifest
 
 

@@ -24,7 +24,7 @@ from ..lab.runs import (REPO_ROOT, ArtifactError, RunFolder, display_path, is_fi
                         preset_folder, read_json, run_path, same_folder, write_json)
 from ..lab.runtime import code_digests, data_digests, environment, seed_everything
 from ..lab.runtime import deterministic as deterministic_algorithms
-from ..lab.skeleton import Autosave, DeferredInterrupt, holding, refuse_earlier_attempt
+from ..lab.skeleton import Autosave, DeferredInterrupt, holding, refuse_earlier_attempt, whole_write
 from ..task import data
 from ..config import PresetConfig, get_preset
 from ..models import presets
@@ -245,12 +245,17 @@ def _iterate(folder: RunFolder, loop: Loop, first_iteration: int, end_iteration:
             timings["checkpoint"] = curves.maybe_measure(folder, iteration + 1)
             folder.append(TIMINGS_PART, [timings])
             done = iteration + 1
-            if done in save_states_at or done == end_iteration:
-                state_files.append(save_loop_state(folder, loop, done))
+            saved = done in save_states_at or done == end_iteration
+            if saved:
+                with whole_write(interrupt):
+                    state_files.append(save_loop_state(folder, loop, done))
                 autosave.kept()
-            elif autosave.due(done):
-                autosave.saved(save_loop_state(folder, loop, done)["path"])
-            autosave.stop_if_asked(done, end_iteration, newest_state(folder), "iteration", "--resume")
+            elif autosave.due(done):  # a Ctrl-C makes it due: the state is saved before the run stops
+                with whole_write(interrupt):
+                    autosave.saved(save_loop_state(folder, loop, done)["path"])
+                saved = True
+            if saved:  # stop only where a state was just saved: a Ctrl-C heard later waits for the next one
+                autosave.stop_if_asked(done, end_iteration, newest_state(folder), "iteration", "--resume")
             bar.update(1)
             bar.set_postfix(reward=f"{record['reward']:.2f}",
                             kl="no update" if record["kl"] is None else f"{record['kl']:.2e}",

@@ -559,5 +559,17 @@ def ensure_not_finished(run_dir: str | os.PathLike, overwrite: bool = False) -> 
     return RunFolder(run_dir).open_for_writing(overwrite).path
 
 
+def hold_for_replacing(run_dir: str | os.PathLike, overwrite: bool = False) -> Path:
+    """Like `ensure_not_finished`, for a writer that replaces a finished result only at its very end: the
+    folder is created and locked, and a finished run (with `overwrite`) keeps its FINISHED until the caller
+    writes the new files, so that an overwrite stopped before then leaves the old result finished."""
+    folder = RunFolder(run_dir)
+    if folder.is_finished() and not overwrite:
+        folder.open_for_writing(False)  # refuses, in the same words as every writer
+    folder.path.mkdir(parents=True, exist_ok=True)
+    hold_folder(folder.path)
+    return folder.path
+
+
 def mark_finished(run_dir: str | os.PathLike, summary: dict | None = None) -> None:
     RunFolder(run_dir).mark_finished(summary)

@@ -10,7 +10,8 @@ earlier attempt, resume, autosave, stop cleanly on Ctrl-C, finish.
               `AUTOSAVE_SECONDS` of wall time, a resumable state; only the
               newest autosave is kept, none once the run has finished
     Ctrl-C    the first finishes the current unit, saves its state and          `DeferredInterrupt`,
-              stops, saying how to resume; a second stops at once              `Interrupted`
+              stops, saying how to resume; a second stops at once, except      `Interrupted`,
+              while a state is written, which is finished first                `whole_write`
     finish    the model and records, the manifest, then the FINISHED marker    the caller, through
                                                                                `RunFolder.mark_finished`
 
@@ -102,6 +103,40 @@ class Autosave:
         if self.newest is not None:
             self.folder.forget(self.newest)
             self.newest = None
+
+
+@contextlib.contextmanager
+def shielded(message: str):
+    """A block that Ctrl-C cannot cut in two (a state or a result being written): a Ctrl-C heard inside
+    prints `message` and waits until the block has ended.  Yields a list that holds one True per Ctrl-C
+    heard, for the caller to act on afterwards (outside the main thread, where no signal arrives, a no-op)."""
+    heard: list[bool] = []
+    if threading.current_thread() is not threading.main_thread():
+        yield heard
+        return
+
+    def handle(signum, frame):
+        if not heard:
+            print(f"\nCtrl-C: {message}", flush=True)
+        heard.append(True)
+
+    previous = signal.signal(signal.SIGINT, handle)
+    try:
+        yield heard
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
+@contextlib.contextmanager
+def whole_write(interrupt: DeferredInterrupt):
+    """A state being written and registered is finished whatever Ctrl-C says: a Ctrl-C heard meanwhile (the
+    first or the second) asks the run to stop, and the caller's next `Autosave.stop_if_asked` stops it at the
+    state just written.  Without it, a second Ctrl-C during a save would break the write and lose the
+    state (the previous one stays whole: `labkit.lab.state.save_state` writes atomically)."""
+    with shielded("a state is being written; the run stops as soon as it is whole") as heard:
+        yield
+    if heard:
+        interrupt.requested = True
 
 
 @contextlib.contextmanager

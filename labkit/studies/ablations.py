@@ -11,7 +11,7 @@ runs/<preset>/sweep/ablations/<name>-<fingerprint>/ (labkit.studies.sweep).
     ablations.summary(run)             the numbers a chapter quotes about one run
     ablations.compare(a, b)            paired tests of b against a: test per draw and greedy (200
                                        problems), validation per draw at the last checkpoint (64)
-    ablations.table()                  one row per run against `grpo` (the results page's table)
+    ablations.table()                  one row per run against `grpo_16x8` (the results page's table)
     ablations.seed_spread(method)      three training seeds of one method: the spread an effect must beat
 
 Each chapter's predict-then-run question is answered from these by labkit.book.exercises.reveal.
@@ -29,10 +29,10 @@ from ..lab.runs import REPO_ROOT, RunFolder, read_json
 from ..eval import paired
 
 SWEEP_FILE = REPO_ROOT / "sweeps" / "ablations.json"
-PARTNER = "grpo"
+PARTNER = "grpo_16x8"  # GRPO at the sweep's budget (the protocol's run is `grpo`)
 LAST_ITERATIONS = 10  # "at the end" of a run: the mean over its last 10 iterations' logged values
 
-# What each run changes against `grpo`, in the words of the chapters and the results page, grouped by
+# What each run changes against `grpo_16x8`, in the words of the chapters and the results page, grouped by
 # the chapter where the piece lives.
 CHANGES = {
     "mean_only": (3, "no division by the group's std (A = r - mean: Dr. GRPO's advantage, without its constant sum)"),
@@ -51,14 +51,14 @@ CHANGES = {
     "split_64x2": (8, "64 prompts x G = 2 (the same 128 rollouts an iteration)"),
     "split_32x4": (8, "32 prompts x G = 4"),
     "split_8x16": (8, "8 prompts x G = 16"),
-    "grpo_seed_2": (6, "GRPO, training seed 2"),
-    "grpo_seed_3": (6, "GRPO, training seed 3"),
-    "rft": (6, "RFT (fine-tune on its own right answers)"),
-    "rft_seed_2": (6, "RFT, training seed 2"),
-    "rft_seed_3": (6, "RFT, training seed 3"),
-    "sft": (6, "SFT on the solver's answers to the same prompts"),
-    "sft_seed_2": (6, "SFT, training seed 2"),
-    "sft_seed_3": (6, "SFT, training seed 3"),
+    "grpo_16x8_seed_2": (6, "GRPO, training seed 2"),
+    "grpo_16x8_seed_3": (6, "GRPO, training seed 3"),
+    "rft_16x8": (6, "RFT (fine-tune on its own right answers)"),
+    "rft_16x8_seed_2": (6, "RFT, training seed 2"),
+    "rft_16x8_seed_3": (6, "RFT, training seed 3"),
+    "sft_16x8": (6, "SFT on the solver's answers to the same prompts"),
+    "sft_16x8_seed_2": (6, "SFT, training seed 2"),
+    "sft_16x8_seed_3": (6, "SFT, training seed 3"),
     "no_baseline": (3, "no baseline: A = r, the raw 0/1 reward (REINFORCE)"),
     "rloo": (3, "leave-one-out baseline: A = r - mean of the other G - 1 (RLOO)"),
     # the objectives of issue 43 (the appendix "The objectives people use now")
@@ -81,8 +81,9 @@ CHANGES = {
 }
 # the KL-estimator runs' partner on the leash: the exact KL at the same coefficient
 KL_ESTIMATOR_PARTNER = "beta_1"
-SEEDS = {"grpo": ("grpo", "grpo_seed_2", "grpo_seed_3"), "rft": ("rft", "rft_seed_2", "rft_seed_3"),
-         "sft": ("sft", "sft_seed_2", "sft_seed_3")}
+SEEDS = {"grpo": ("grpo_16x8", "grpo_16x8_seed_2", "grpo_16x8_seed_3"),
+         "rft": ("rft_16x8", "rft_16x8_seed_2", "rft_16x8_seed_3"),
+         "sft": ("sft_16x8", "sft_16x8_seed_2", "sft_16x8_seed_3")}
 
 
 @dataclass(frozen=True)
@@ -261,7 +262,7 @@ def warm_start_evaluation(preset: str = "tiny") -> Path:
 
 
 def table(preset: str = "tiny") -> list[dict]:
-    """One row per run against `grpo`: what it changes, its summary, the paired tests' differences and
+    """One row per run against `grpo_16x8`: what it changes, its summary, the paired tests' differences and
     p-values (test per draw, validation per draw; `*_p_is_bound` where a Monte-Carlo p sits at the
     smallest value its resamples can give, so that the true p may be smaller)."""
     runs = load(preset)

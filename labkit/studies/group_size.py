@@ -422,7 +422,8 @@ def protected_files(runs_root: str | Path, code_root: str | Path = REPO_ROOT) ->
 
     weights:       the main policies' safetensors (warm start, SFT, GRPO)
     results:       every other file of the three main run folders (history, manifests,
-                   resume reports, rollouts, states) and of their evaluation folders
+                   resume reports, rollouts; not their lock or saved states, which never leave
+                   the machine that made them) and of their evaluation folders
                    (evaluation/<policy>/: predictions, manifest, costs)
     configuration: labkit/config.py and the verifier's source (the verifier is untouched)
     The main entries of evaluation/results.json are protected apart (`record_protection`).
@@ -431,9 +432,15 @@ def protected_files(runs_root: str | Path, code_root: str | Path = REPO_ROOT) ->
     out = []
     for folder in [runs_root / name for name in MAIN_POLICIES] + [runs_root / "evaluation" / name for name in MAIN_POLICIES]:
         if folder.is_dir():
-            for path in sorted(p for p in folder.rglob("*") if p.is_file()):
+            for path in sorted(p for p in folder.rglob("*") if p.is_file() and not _local_only(p.relative_to(folder))):
                 out.append(("weights" if path.suffix == ".safetensors" else "results", path))
     return out + [("configuration", code_root / rel) for rel in PROTECTED_CODE]
+
+
+def _local_only(rel: Path) -> bool:
+    """A run's lock and saved states: they stay on the machine that made the run (.gitignore), so a
+    list that held them would differ between that machine and a clone."""
+    return rel.name == ".lock" or rel.parts[0] == "states"
 
 
 def _label(path: Path, runs_root: Path, code_root: Path) -> str:

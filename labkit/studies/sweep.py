@@ -38,7 +38,8 @@ import os
 import time
 from pathlib import Path
 
-from ..lab.runs import REPO_ROOT, RunFolder, RunFolderError, preset_folder, read_checked_json, read_json, sha256_file, write_json
+from ..lab.runs import (REPO_ROOT, RunFolder, RunFolderError, preset_folder, read_checked_json, read_json, sha256_file,
+                        write_json)
 from ..lab.runtime import LEARNING_DATA_FILES, data_digests
 from ..grpo.variants import Variant, needs_learned_verifier
 
@@ -51,7 +52,7 @@ CONFIG_KEYS = ("prompts_per_iteration", "G", "grpo_iterations", "grpo_lr", "clip
 SAMPLERS = ("reference", "fast")
 MAX_SEED = 2**62
 POOL_SIZE = 872  # the GRPO pool's problems (labkit.grpo.core.load_pool): an iteration draws at most all of them
-MAX_RESPONSES_PER_ITERATION = 4096  # 32 x the ablations' 128: a few GB of logits, within a laptop's memory
+MAX_RESPONSES_PER_ITERATION = 4096  # 32 x the 128 of the largest committed runs (each update scores them at once)
 DATA_FILES = (*LEARNING_DATA_FILES, "test.statements.jsonl", "test.labels.jsonl")  # a run trains, then is tested
 
 
@@ -145,9 +146,10 @@ def _checked_config(path: Path, where: str, config) -> dict:
                 or (key == "clip_eps" and not value < 1) or (key == "seed" and not 0 <= value < MAX_SEED) \
                 or (key == "prompts_per_iteration" and value > POOL_SIZE):
             rule = ("an integer >= 2" if key == "G"
-                    else f"an integer in 0..2**62 - 1 (each stream adds its offset to it, and a seed has 64 bits)"
+                    else "an integer in 0..2**62 - 1 (each stream adds its offset to it, and a seed has 64 bits)"
                     if key == "seed"
-                    else f"a positive integer at most {POOL_SIZE}, the pool's problems" if key == "prompts_per_iteration"
+                    else f"a positive integer at most {POOL_SIZE}, the pool's problems"
+                    if key == "prompts_per_iteration"
                     else "a positive integer" if integer else "a finite number >= 0" if key == "kl_coef"
                     else "a number in (0, 1): the ratio is clipped to [1 - clip_eps, 1 + clip_eps]" if key == "clip_eps"
                     else "a finite number > 0")

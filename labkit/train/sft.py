@@ -61,7 +61,7 @@ from ..lab.runs import (REPO_ROOT, RunFolder, UnfinishedRunError, display_path, 
                    run_path, same_folder, sha256_file, write_json)
 from ..lab.runtime import code_digests, data_digests, environment, seed_everything
 from ..lab.runtime import deterministic as deterministic_algorithms
-from ..lab.skeleton import Autosave, DeferredInterrupt, holding
+from ..lab.skeleton import Autosave, DeferredInterrupt, holding, whole_write
 from ..task import data, problems
 from ..config import QWEN, SEED_OFFSETS, PresetConfig, get_preset
 from ..models import scoring
@@ -522,7 +522,10 @@ def _train_branch(config: PresetConfig, branch: str, plan: Plan, folder: RunFold
     # Stage 3: epochs of updates; validation and a full state after each epoch, autosaves between
     # (labkit.lab.skeleton: by the clock, and on Ctrl-C, which then stops after the current update)
     stop = stop_after_epochs or plan.epochs
-    if stop <= b.progress["epochs_done"]:
+    # A state after the final epoch (a stop during the final stage: the model's save, the greedy
+    # validation) resumes straight into that stage; a stop earlier than the state is refused.
+    final_state = resume_from is not None and stop == b.progress["epochs_done"] == plan.epochs
+    if stop <= b.progress["epochs_done"] and not final_state:
         raise ValueError(f"the state is after epoch {b.progress['epochs_done']}; nothing to do up to epoch {stop}")
     state_files = {}
     with deterministic_algorithms(), DeferredInterrupt() as interrupt:
@@ -532,8 +535,9 @@ def _train_branch(config: PresetConfig, branch: str, plan: Plan, folder: RunFold
         def after_update() -> None:
             done = b.progress["updates_done"]
             if done < end and autosave.due(done):
-                name = save_update_state(folder, b)
-                autosave.saved(name)
+                with whole_write(interrupt):
+                    name = save_update_state(folder, b)
+                    autosave.saved(name)
                 autosave.stop_if_asked(done, end, folder / name, "update", f"--resume-from {display_path(folder / name)}")
 
         if not b.progress["validation"]:
@@ -543,7 +547,8 @@ def _train_branch(config: PresetConfig, branch: str, plan: Plan, folder: RunFold
         bar = _progress_bar(plan, b.progress["updates_done"], stop, progress)
         for epoch in range(b.progress["epochs_done"] + 1, stop + 1):
             epoch_times = run_epoch(b, epoch, bar, after_update)
-            name, saved = save_epoch_state(folder, b, epoch, epoch_times)
+            with whole_write(interrupt):
+                name, saved = save_epoch_state(folder, b, epoch, epoch_times)
             state_files[name] = saved
             autosave.kept()
             times["epochs"].append(epoch_times)
