@@ -171,11 +171,14 @@ def plain_scorer(batch: scoring.Batch):
     return lambda model: scoring.response_logprobs(model, batch, return_logits=True)
 
 
-def shared_prompt_scorer(prompts: list[list[int]], responses: list[list[int]], G: int, pad_id: int):
+def shared_prompt_scorer(prompts: list[list[int]], responses: list[list[int]], G: int, pad_id: int, *,
+                         limits=scoring.LIMITS, bucket_tokens: int | None = None):
     """scorer(model) -> the same (B, R), (B, R, V) as `plain_scorer`, each of the P prompts computed once
-    for its G responses (`labkit.models.shared_prompt`; equal within float32 rounding).  prompts: P x G rows."""
+    for its G responses (`labkit.models.shared_prompt`; equal within float32 rounding).  prompts: P x G rows.
+    bucket_tokens: the responses run in buckets of similar length, not padded to the longest (None: one batch)."""
     return lambda model: shared_prompt.shared_response_logprobs(model, prompts[::G], responses, G, pad_id,
-                                                                return_logits=True)
+                                                                return_logits=True, limits=limits,
+                                                                bucket_tokens=bucket_tokens)
 
 
 def reference_scores(reference, batch: scoring.Batch, scorer=None) -> tuple[torch.Tensor, torch.Tensor]:
@@ -299,6 +302,7 @@ class Loop:
     reference_digest: str
     resolved: Resolved  # the run's variant, resolved once (labkit.grpo.variants.resolve)
     shared_prompts: bool = False  # score each prompt once per group in the updates (labkit.models.shared_prompt)
+    bucket_tokens: int | None = None  # with shared_prompts: responses scored in buckets of similar length
     history: list[dict] = field(default_factory=list)
     consumed: list[str] = field(default_factory=list)
     next_update: int = 0
@@ -473,7 +477,8 @@ def update_iteration(loop: Loop, s: Sampled) -> tuple[list[dict], dict]:
         batch = scoring.make_batch(prompts, responses, pad_id=loop.tokenizer.pad_token_id, limits=limits)
         loss_mask = None if kept is None else batch.response_mask * kept[:, None].to(batch.response_mask.dtype)
         logp_old = padded([r.logp_old for r in rollouts], batch.response_mask.shape[1]) if on_rollouts else None
-        scorer = (shared_prompt_scorer(prompts, responses, G, loop.tokenizer.pad_token_id)
+        scorer = (shared_prompt_scorer(prompts, responses, G, loop.tokenizer.pad_token_id, limits=limits,
+                                       bucket_tokens=loop.bucket_tokens)
                   if loop.shared_prompts and on_rollouts else plain_scorer(batch))
         ref_scores = reference_scores(loop.reference, batch, scorer)
         weights = None  # (B, R) truncated importance sampling's, or None

@@ -49,7 +49,7 @@ from ..lab.runs import REPO_ROOT, RunFolder, sha256_file, atomic_write_bytes, pr
 from ..lab.runtime import code_digests, deterministic, environment, seed_everything
 from ..task import worked
 from ..config import TINY, ReasoningConfig
-from ..models import presets, sampling
+from ..models import presets, sampling, shared_prompt
 from ..grpo import core
 from ..grpo.loop import load_roles
 from ..grpo import variants
@@ -153,7 +153,7 @@ def new_loop(run: ReasoningRun, cfg: ReasoningConfig, start: Path) -> core.Loop:
         order=core.PromptOrder(len(pool), config.seed + core.PROMPT_ORDER_SEED_OFFSET),
         generation=torch.Generator().manual_seed(config.seed + core.GENERATION_SEED_OFFSET),
         identity=identity, total_updates=cfg.iterations * resolved.updates_per_iteration, reference_digest=digest,
-        resolved=resolved)
+        resolved=resolved, shared_prompts=True, bucket_tokens=shared_prompt.BUCKET_TOKENS)
 
 
 # The static sampler (`labkit.models.static_sampler`): the same tokens as the others for the same seeds, and on worked
