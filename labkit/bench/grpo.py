@@ -384,7 +384,7 @@ def bench_worked_iteration(loop, repeats: int, peak_flops: float) -> dict:
     from ..studies import reasoning
 
     t = time.perf_counter()
-    sampled = reasoning.sample_iteration(loop, 1, reasoning.REWARDS["outcome"])
+    sampled = reasoning.sample_iteration(loop, 0)
     sampling_s = time.perf_counter() - t
     saved = (copy.deepcopy(loop.model.state_dict()), copy.deepcopy(loop.optimizer.state_dict()), loop.next_update)
     results = {}
