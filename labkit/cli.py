@@ -466,9 +466,11 @@ def cmd_live(args: argparse.Namespace) -> int:
     if args.what == "grpo":
         if args.base or args.group_size or args.beta is not None:
             raise ValueError("--base, --group-size and --beta are chapter 11's: `python -m labkit live reasoning`")
-        lines = live.live_grpo(args.iterations or 10, run_dir=args.run_dir, restart=args.restart)
+        lines = live.live_grpo(10 if args.iterations is None else args.iterations, run_dir=args.run_dir,
+                               restart=args.restart)
     else:
-        lines = live.live_reasoning(args.iterations or 20, base=args.base or "rare_2", G=args.group_size,
+        lines = live.live_reasoning(20 if args.iterations is None else args.iterations, base=args.base or "rare_2",
+                                    G=args.group_size,
                                     kl_coef=args.beta, run_dir=args.run_dir, restart=args.restart)
     agree = sum(bool(line["agrees"]) for line in lines)
     print(f"live {args.what}: {len(lines)} iteration(s), {agree} the committed run's rollouts exactly; Ctrl-C keeps "

@@ -7,7 +7,7 @@
 `live_reasoning` (at the end of this file) is chapter 11's GRPO from a thinking base, the run itself
 (`labkit.studies.reasoning.train`, the lab's one GRPO loop) with a line per iteration: the share of
 responses that work the problem out, their mean length, the share right, the seconds, beside the
-committed run's same iteration and "agrees" where the responses are its responses token for token.
+committed run's same iteration and "agrees" where the responses are its responses, text for text.
 Another base, G or beta gives a run of your own (no committed run to compare).  A Ctrl-C finishes the
 iteration and saves its state; the same call goes on from there.  What follows is the protocol's.
 
@@ -177,9 +177,10 @@ def live_reasoning(iterations: int = 20, *, base: str = "rare_2", G: int | None 
     def compared(k: int, figures: dict, rows: list[dict], seconds: float | None) -> dict:
         return {"iteration": k, **figures, "seconds": seconds,
                 "committed": {key: history[k - 1][key] for key in REASONING_FIGURES} if ours else None,
-                # agreement is the responses themselves, every token, not only the shares they make
-                "agrees": ours and [r["response_ids"] for r in rows] == [r.get("response_ids") for r in committed
-                                                                         if r["iteration"] == k]}
+                # agreement is the responses themselves, every text and its length in tokens, not only the
+                # shares they make (chapter 11's rows keep no token ids)
+                "agrees": ours and [(r["text"], r["tokens"]) for r in rows] == [
+                    (r["text"], r["tokens"]) for r in committed if r["iteration"] == k]}
 
     if done:  # iterations an earlier call ran: read back, not run again
         earlier = loop.read_rollouts(folder)

@@ -350,7 +350,8 @@ def finish_run(folder: RunFolder, loop: Loop, first_in_folder: int, resume_from:
         "updates": loop.next_update,
         "resumed_from": str(resume_from) if resume_from else None,
         "first_iteration_in_folder": first_in_folder,
-        "generated_tokens": sum(len(r["response_ids"]) for r in rows),
+        # the protocol's rows hold each response's token ids, chapter 11's only their count
+        "generated_tokens": sum(r["tokens"] if "tokens" in r else len(r["response_ids"]) for r in rows),
         **extras,
         "ledger": folder.ledger(),
         **summary,

@@ -33,8 +33,8 @@ Each run is trained by the lab's one GRPO loop (`labkit.grpo.loop.run_grpo` with
 `labkit.grpo.tasks.Task`), so its folder is every GRPO run's (autosaved states, Ctrl-C finishing the
 iteration, `--resume` bit for bit) with chapter 11's rows: `history.json`, `rollouts.jsonl.gz` (one
 row per response: rollout id, iteration, problem id, `problem` {initial, movements}, text, finish
-reason, its token ids and their count, true reward, optimised reward, advantage, think flag, steps,
-steps right, category), `timings.jsonl`, `checkpoints.jsonl` (the validation profiles),
+reason, tokens, true reward, optimised reward, advantage, think flag, steps, steps right, category;
+not the token ids: the committed cache stays under its 50 MB), `timings.jsonl`, `checkpoints.jsonl` (the validation profiles),
 `profile.json.gz`, `manifest.json`, FINISHED; `model.safetensors` stays local (its digest is in the
 manifest).  The updates score each prompt once and the responses in buckets of similar length
 (`labkit.models.shared_prompt`).
@@ -158,8 +158,7 @@ def rollout_rows(s: core.Sampled, iteration: int) -> list[dict]:
         rows.append({"rollout_id": r.rollout_id, "iteration": iteration, "problem_id": p["id"], "k": p["k"],
                      "problem": {"initial": p["problem"].initial, "movements": list(p["problem"].movements)},
                      "text": r.text, "finish_reason": r.finish_reason, "tokenization_valid": r.tokenization_valid,
-                     "response_ids": list(r.response_ids), "tokens": len(r.response_ids), "reward": v.reward,
-                     "reason": v.reason,
+                     "tokens": len(r.response_ids), "reward": v.reward, "reason": v.reason,
                      "optimised_reward": optimised[i], "advantage": float(s.advantages[i]),
                      "thinks": v.thinks, "steps": len(v.steps), "steps_right": v.steps_right, "category": v.category})
     return rows
