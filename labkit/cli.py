@@ -459,13 +459,22 @@ def cmd_reward_model(args: argparse.Namespace) -> int:
 
 
 def cmd_live(args: argparse.Namespace) -> int:
-    """Run the protocol's GRPO yourself, one line an iteration beside the committed run's (labkit.live)."""
+    """Run GRPO yourself (the protocol's, or chapter 11's from a thinking base), one line an iteration beside
+    the committed run's (labkit.live)."""
     from . import live
 
-    lines = live.live_grpo(args.iterations, run_dir=args.run_dir, restart=args.restart)
-    agree = sum(line["agrees"] for line in lines)
-    print(f"live grpo: {len(lines)} iteration(s), {agree} the committed run's rollouts exactly; Ctrl-C keeps every "
-          "finished iteration, and the same command goes on")
+    if args.what == "grpo":
+        if args.base or args.group_size or args.beta is not None:
+            raise ValueError("--base, --group-size and --beta are chapter 11's: `python -m labkit live reasoning`")
+        lines = live.live_grpo(10 if args.iterations is None else args.iterations, run_dir=args.run_dir,
+                               restart=args.restart)
+    else:
+        lines = live.live_reasoning(20 if args.iterations is None else args.iterations, base=args.base or "rare_2",
+                                    G=args.group_size,
+                                    kl_coef=args.beta, run_dir=args.run_dir, restart=args.restart)
+    agree = sum(bool(line["agrees"]) for line in lines)
+    print(f"live {args.what}: {len(lines)} iteration(s), {agree} the committed run's rollouts exactly; Ctrl-C keeps "
+          "every finished iteration, and the same command goes on")
     return 0
 
 
@@ -822,11 +831,18 @@ def _add_chapter10_commands(sub) -> None:
     common(p, "runs/<preset>/reward_model", "use only the first N train problems (default: all 1,000)")
     p.set_defaults(func=cmd_reward_model)
 
-    p = sub.add_parser("live", help="chapter 6: run the protocol's GRPO yourself, live, each iteration beside the "
-                                    "committed run's (one torch thread; Ctrl-C keeps what is done, run again to go on)")
-    p.add_argument("what", choices=["grpo"], help="the run to replay: the protocol's GRPO run")
-    p.add_argument("--iterations", type=int, default=10, help="iterations 1..N (default: %(default)s)")
-    p.add_argument("--run-dir", type=Path, default=None, help="folder (default: runs/scratch/live/grpo)")
+    p = sub.add_parser("live", help="chapters 6 and 11: run GRPO yourself, live, each iteration beside the "
+                                    "committed run's (its torch threads; Ctrl-C keeps what is done, run again to go on)")
+    p.add_argument("what", choices=["grpo", "reasoning"],
+                   help="grpo: the protocol's run (chapter 6); reasoning: GRPO on worked answers from a thinking "
+                        "base (chapter 11)")
+    p.add_argument("--iterations", type=int, default=None, help="iterations 1..N (default: 10 for grpo, 20 for reasoning)")
+    p.add_argument("--base", default=None, help="reasoning: the thinking base to start from, rare_0, rare_2, rare_10 "
+                                                "or control (default: rare_2)")
+    p.add_argument("--group-size", type=int, default=None, help="reasoning: G (default: the committed run's, 8)")
+    p.add_argument("--beta", type=float, default=None, help="reasoning: the KL weight (default: the protocol's, 0.02)")
+    p.add_argument("--run-dir", type=Path, default=None,
+                   help="folder (default: runs/scratch/live/grpo, or runs/scratch/live/reasoning/<base>-G<G>-beta<beta>)")
     p.add_argument("--restart", action="store_true", help="delete an earlier live run and begin at iteration 1")
     p.set_defaults(func=cmd_live)
 

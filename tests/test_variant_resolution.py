@@ -106,12 +106,13 @@ def test_resolve_adds_the_length_penalty_only_when_asked():
 
 def test_a_learned_reward_needs_its_verifier_passed_in_and_only_it_takes_one():
     from labkit.grpo import core
+    from labkit.grpo.loop import PROTOCOL_TASK
     from labkit.models import presets
     from labkit.config import TINY
 
     tokenizer = presets.load_tiny_tokenizer()
     model, reference = presets.new_tiny_model(0, tokenizer), presets.new_tiny_model(0, tokenizer)
-    start = dict(start_label="test", sampler="reference", device="cpu")
+    start = dict(start_label="test", sampler="reference", device="cpu", task=PROTOCOL_TASK)
     with pytest.raises(ValueError, match="reward 'learned' needs the learned verifier: pass learned_verifier="):
         variants.resolve(Variant(reward="learned"), TINY)
     with pytest.raises(ValueError, match="reward 'verifier' takes no learned verifier"):
