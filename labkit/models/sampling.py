@@ -304,15 +304,16 @@ def verdict_reward(verdict, problem) -> float:
 def sample_groups(model, tokenizer, problems: list[tuple[str, list[int], object]], G: int, seeds: list[int],
                   sampler: str = "reference", max_new_tokens: int = MAX_NEW_TOKENS,
                   policy_digest: str | None = None, rollout_ids: list[str] | None = None,
-                  verify=verifier.score, reward=verdict_reward) -> list[Group]:
+                  verify=None, reward=None) -> list[Group]:
     """G responses to each of several prompts, in ONE sampler call (the fast sampler batches all
     P x G rows), each response verified against its problem.
 
     problems: [(problem_id, prompt token ids, problem)] for P problems; seeds: P x G, prompt-major.
     The verifier sees the problem's structure, never the model; the model sees only the prompt.
     verify, reward: another task's verifier (text, finish_reason, problem, tokenization_valid) -> verdict
-    and its reward (verdict, problem) -> float (`labkit.grpo.tasks`; default: the protocol's).
+    and its reward (verdict, problem) -> float (`labkit.grpo.tasks`; None: the protocol's, looked up at the call).
     """
+    verify, reward = verify or verifier.score, reward or verdict_reward
     if len(seeds) != len(problems) * G:
         raise ValueError(f"{len(seeds)} seeds for {len(problems)} groups of G={G}; each response has its own seed")
     rollouts = get_sampler(sampler)(
