@@ -36,8 +36,8 @@ row per response: rollout id, iteration, problem id, `problem` {initial, movemen
 reason, tokens, true reward, optimised reward, advantage, think flag, steps, steps right, category;
 not the token ids, so that the committed cache stays under its 50 MB), `timings.jsonl`,
 `checkpoints.jsonl` (the validation profiles), `profile.json.gz`, `manifest.json`, FINISHED;
-`model.safetensors` stays local (its digest is in the manifest).  The updates score each prompt once and the responses in buckets of similar length
-(`labkit.models.shared_prompt`).
+`model.safetensors` stays local (its digest is in the manifest).  The updates score each prompt
+once and the responses in buckets of similar length (`labkit.models.shared_prompt`).
 """
 
 from __future__ import annotations
