@@ -242,7 +242,8 @@ def learned_reward(groups, *, verifier) -> torch.Tensor:
 
 def guarded_learned_reward(groups, *, verifier) -> torch.Tensor:
     """The learned verifier's yes/no, zeroed for a response that is not a schema-valid answer: the source
-    design's format guard (chapter 10's learned-reward run was paid for `{"final": 6}`, which it zeroes)."""
+    design's format guard.  It can only take away a payment for a malformed answer; a valid answer with a
+    wrong value, the near-miss that fooled chapter 10's proxy, it leaves paid (chapter 10 measures both)."""
     valid = torch.tensor([[float(v.valid) for v in g.verdicts] for g in groups])
     return learned_reward(groups, verifier=verifier) * valid
 
