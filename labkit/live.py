@@ -30,7 +30,8 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from .lab.runs import REPO_ROOT, RunFolder, preset_folder, read_checked_json
+from .lab import skeleton
+from .lab.runs import REPO_ROOT, RunFolder, display_path, preset_folder, read_checked_json
 
 LIVE_DIR = REPO_ROOT / "runs" / "scratch" / "live" / "grpo"
 
@@ -139,7 +140,8 @@ def live_reasoning(iterations: int = 20, *, base: str = "rare_2", G: int | None 
 
     The run is chapter 11's own (`labkit.studies.reasoning.train`, the lab's one GRPO loop), into
     runs/scratch/live/reasoning/<base>-G<G>-beta<beta>/: a Ctrl-C finishes the iteration, saves its state
-    and stops; calling again with the same settings goes on from there (restart: begin again at 1).
+    and stops with a line saying so (no traceback); calling again with the same settings goes on from there
+    (restart: begin again at 1).
     on_iteration(line): after each iteration, {"iteration", "think_rate", "mean_tokens", "accuracy",
     "seconds", "committed": {...} or None, "agrees"} (a notebook redraws its figure there); default: print
     the line.  Returns every line of this call."""
@@ -207,6 +209,10 @@ def live_reasoning(iterations: int = 20, *, base: str = "rare_2", G: int | None 
     try:
         reasoning.train(name, preset, cfg, run_dir=folder, resume=done > 0, stop_after=iterations, progress=False,
                         kl_coef=beta, task=task)
+    except skeleton.Interrupted:  # the loop finished the iteration and saved its state before it stopped
+        last = lines[-1]["iteration"] if lines else done
+        print(f"Ctrl-C: stopped after iteration {last}, its state saved in {display_path(folder)}; run the same "
+              "cell (or command) again to go on from there", flush=True)
     finally:
         torch.set_num_threads(threads)
     return lines

@@ -137,3 +137,26 @@ def test_a_live_reasoning_run_with_other_settings_says_there_is_nothing_to_compa
     assert live.format_reasoning_line(lines[0]).endswith("your settings: no committed run to compare")
     with pytest.raises(ValueError, match="base 'rare_5': chapter 11's outcome runs start from"):
         live.live_reasoning(1, base="rare_5", run_dir=small_live)
+
+
+def test_a_ctrl_c_in_a_live_reasoning_run_says_how_to_go_on_and_the_next_call_does(small_live, monkeypatch, capsys):
+    from labkit import live
+
+    record = reasoning.record
+
+    def interrupted_in_iteration_2(loop, iteration, *rest):
+        if iteration == 1:
+            os.kill(os.getpid(), signal.SIGINT)  # a real Ctrl-C (a notebook's interrupt sends the same)
+        return record(loop, iteration, *rest)
+
+    monkeypatch.setattr(reasoning, "record", interrupted_in_iteration_2)
+    lines = live.live_reasoning(3, run_dir=small_live, on_iteration=lambda line: None)
+    assert [line["iteration"] for line in lines] == [1, 2]
+    out = capsys.readouterr().out
+    assert "Ctrl-C: stopped after iteration 2, its state saved in" in out and "run the same cell" in out
+    assert "Traceback" not in out
+    monkeypatch.setattr(reasoning, "record", record)
+    lines = live.live_reasoning(3, run_dir=small_live, on_iteration=lambda line: None)
+    assert [line["iteration"] for line in lines] == [1, 2, 3] and [line["seconds"] is None for line in lines] == [
+        True, True, False]
+    assert all(line["agrees"] for line in lines)
