@@ -253,7 +253,7 @@ def new_loop(run: ReasoningRun, cfg: ReasoningConfig, start: Path) -> core.Loop:
     config = preset_config(cfg)
     return start_loop(config, cfg.G, cfg.iterations, start, SAMPLER, "cpu",
                       variants.resolve(Variant(length_penalty=run.length_penalty), config), shared_prompts=True,
-                      task=task or worked_task(run, cfg), bucket_tokens=shared_prompt.BUCKET_TOKENS)
+                      task=worked_task(run, cfg), bucket_tokens=shared_prompt.BUCKET_TOKENS)
 
 
 def sample_iteration(loop: core.Loop, iteration: int) -> core.Sampled:
