@@ -46,13 +46,19 @@ def outcome(folder) -> dict:
 
 
 @pytest.fixture(scope="module")
-def continuous(tmp_path_factory):
+def continuous_folder(tmp_path_factory):
+    """The small run trained at once, once for the module (the live tests' "committed" run too)."""
     folder = tmp_path_factory.mktemp("reasoning") / "continuous"
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(thinking_base, "MEASURE_CHAINS_PER_K", 1)
         mp.setattr(thinking_base, "PROFILE_CHAINS_PER_K", 1)
         train(folder)
-    return outcome(folder)
+    return folder
+
+
+@pytest.fixture(scope="module")
+def continuous(continuous_folder):
+    return outcome(continuous_folder)
 
 
 def test_a_worked_run_has_the_runs_rows_records_and_profiles(continuous):
@@ -100,20 +106,15 @@ def test_a_ctrl_c_in_a_worked_run_saves_its_state_and_resume_equals_the_continuo
 
 
 @pytest.fixture
-def small_live(monkeypatch, tmp_path):
-    """live_reasoning at this file's small settings, its base the warm start, its "committed" run one trained here
-    at once (where the live run looks for chapter 11's runs)."""
-    import shutil
-
+def small_live(monkeypatch, tmp_path, continuous_folder):
+    """live_reasoning at this file's small settings, its base the warm start, its "committed" run the module's
+    continuous one (where the live run looks for chapter 11's runs); yields the live run's folder."""
     from labkit import config
 
     monkeypatch.setattr(config, "ReasoningConfig", lambda: CFG)
     monkeypatch.setattr(reasoning, "base_model", lambda preset, base: WARM_START)
-    committed = tmp_path / "committed"
-    monkeypatch.setattr(reasoning, "default_run_dir", lambda preset, name: committed)
-    train(committed)
+    monkeypatch.setattr(reasoning, "default_run_dir", lambda preset, name: continuous_folder)
     yield tmp_path / "live"
-    shutil.rmtree(committed)
 
 
 def test_a_live_reasoning_run_agrees_with_the_committed_one_and_goes_on_where_it_stopped(small_live, capsys):
