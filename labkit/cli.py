@@ -494,6 +494,23 @@ def cmd_gradient_study(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_skill_test(args: argparse.Namespace) -> int:
+    """Chapter 11: skill or propensity, the working started for each thinking base (labkit.studies.skill_test)."""
+    import torch
+
+    from .studies import skill_test
+
+    torch.set_num_threads(args.threads)
+    if args.draws < 1:
+        raise ValueError(f"--draws {args.draws}: must be at least 1")
+    results = skill_test.run(args.preset, draws=args.draws, out=args.run_dir, overwrite=args.overwrite)
+    for base, s in results["bases"].items():
+        against = results["against_skill"].get(base)
+        print(f"{base:<8} right {s['accuracy']:6.1%}  steps all right {s['steps_right']:6.1%}"
+              + (f"  against skill: {against['mean_difference']:+.2f} a chain (of {args.draws})" if against else ""))
+    return 0
+
+
 def cmd_objective_cases(args: argparse.Namespace) -> int:
     """Write tests/data/objective_cases.json from labkit.grpo.objectives, or check that it is what the code gives."""
     import math
@@ -629,7 +646,7 @@ def _add_sft_arguments(p: argparse.ArgumentParser) -> None:
 COMMAND_ORDER = ("data", "pretrain", "warm-start", "sft", "sft-resume-check", "grpo", "grpo-resume-check",
                  "sampler-agreement", "evaluate", "results-json", "group-size",  # the protocol, in order
                  "grpo-large", "sweep", "gradient-study", "objective-cases", "reward-model", "format-base", "overoptimisation",
-                 "thinking-bases", "reasoning", "live", "all", "smoke", "cache",
+                 "thinking-bases", "reasoning", "skill-test", "live", "all", "smoke", "cache",
                  "tune", "bench", "student")  # the tools
 
 
@@ -853,6 +870,15 @@ def _add_chapter10_commands(sub) -> None:
     p.add_argument("--threads", type=int, default=1, help="torch CPU threads (default: 1)")
     p.add_argument("--no-progress", action="store_true", help="no progress line")
     p.set_defaults(func=cmd_gradient_study)
+
+    p = sub.add_parser("skill-test", help="chapter 11: skill or propensity: each thinking base continues a worked "
+                                          "answer whose first step is started for it, paired with the skill base")
+    p.add_argument("--preset", default="tiny", choices=["tiny"], help="only 'tiny' (default: %(default)s)")
+    p.add_argument("--draws", type=int, default=4, help="answers per test chain and base (default: %(default)s)")
+    p.add_argument("--run-dir", type=Path, default=None, help="output folder (default: runs/<preset>/skill_test)")
+    p.add_argument("--threads", type=int, default=1, help="torch CPU threads (default: 1)")
+    p.add_argument("--overwrite", action="store_true", help="replace a finished test (evidence: normally refused)")
+    p.set_defaults(func=cmd_skill_test)
 
     p = sub.add_parser("objective-cases", help="outside checks: write (or --check) tests/data/objective_cases.json, "
                                                "each objective's loss and gradient on seeded small tensors")
