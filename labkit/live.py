@@ -151,12 +151,12 @@ def live_reasoning(iterations: int = 20, *, base: str = "rare_2", G: int | None 
 
     from .config import ReasoningConfig, TINY
     from .grpo import loop
-    from .studies import reasoning, thinking_base
+    from .studies import reasoning
 
-    name = next((r.name for r in reasoning.RUNS if r.base == base and r.reward == "outcome" and not r.length_penalty),
-                None)
+    outcome_runs = {r.base: r.name for r in reasoning.RUNS if r.reward == "outcome" and not r.length_penalty}
+    name = outcome_runs.get(base)
     if name is None:
-        raise ValueError(f"base {base!r}: chapter 11's outcome runs start from {', '.join(thinking_base.BASES)}")
+        raise ValueError(f"base {base!r}: chapter 11's outcome runs start from {', '.join(outcome_runs)}")
     cfg = ReasoningConfig() if G is None else dataclasses.replace(ReasoningConfig(), G=G)
     beta = TINY.kl_coef if kl_coef is None else kl_coef
     if isinstance(iterations, bool) or not isinstance(iterations, int) or not 1 <= iterations <= cfg.iterations:
