@@ -507,7 +507,8 @@ def cmd_skill_test(args: argparse.Namespace) -> int:
     for base, s in results["bases"].items():
         against = results["against_skill"].get(base)
         print(f"{base:<8} right {s['accuracy']:6.1%}  steps all right {s['steps_right']:6.1%}"
-              + (f"  against skill: {against['mean_difference']:+.2f} a chain (of {args.draws})" if against else ""))
+              + (f"  against skill: {100 * against['mean_difference']:+.1f} points, paired over "
+                 f"{against['n_problems']} chains (p = {against['p_permutation']:.1g})" if against else ""))
     return 0
 
 
