@@ -153,15 +153,21 @@ def _within(measured, tolerance):
     return all(measured[k] <= tolerance[k] for k in tolerance)
 
 
-def test_tiny_float32_matches_the_plain_path(tiny, rows):
+# Each prompt once, the responses in one batch (`shared`) or in buckets of similar length (`bucketed`, below).
+SHARED_PATHS = {"shared": ("_shared", "_shared_head64"), "bucketed": ("_bucketed", "_bucketed_head64")}
+
+
+@pytest.mark.parametrize("path", SHARED_PATHS)
+def test_tiny_float32_matches_the_plain_path(tiny, rows, path):
     model, _ = tiny
-    measured = _agreement(model, rows)
+    measured = _agreement(model, rows, shared=globals()[SHARED_PATHS[path][0]])
     assert _within(measured, F32), measured
 
 
-def test_tiny_float64_matches_the_plain_path_to_float64_rounding(tiny, rows, exact_float64):
+@pytest.mark.parametrize("path", SHARED_PATHS)
+def test_tiny_float64_matches_the_plain_path_to_float64_rounding(tiny, rows, exact_float64, path):
     model = copy.deepcopy(tiny[0]).double()
-    measured = _agreement(model, rows, _plain_head64, _shared_head64)
+    measured = _agreement(model, rows, _plain_head64, globals()[SHARED_PATHS[path][1]])
     assert _within(measured, F64_EXACT), measured
 
 
@@ -261,16 +267,9 @@ def _bucketed_head64(model, prompts, responses, G, pad_id):
     return _head64(model, hidden, ids, mask)
 
 
-def test_bucketed_responses_match_the_plain_path(tiny, rows):
+def test_the_fixtures_responses_run_in_eight_buckets(rows):
+    """So that the bucketed path's agreement above is tested across buckets, not within one."""
     assert len(shared_prompt.buckets([len(r) for r in rows[1]], BUCKET_TOKENS)) == 8
-    measured = _agreement(tiny[0], rows, shared=_bucketed)
-    assert _within(measured, F32), measured
-
-
-def test_bucketed_responses_match_the_plain_path_to_float64_rounding(tiny, rows, exact_float64):
-    model = copy.deepcopy(tiny[0]).double()
-    measured = _agreement(model, rows, _plain_head64, _bucketed_head64)
-    assert _within(measured, F64_EXACT), measured
 
 
 def test_worked_length_rows_are_refused_by_the_protocols_limits_and_taken_by_their_own(tiny, rows):
