@@ -81,6 +81,9 @@ STEPS = (
     CacheStep("reasoning", "reasoning", ("labkit.studies.reasoning:run_all",), (TOKENIZER,),
          tuple(f"thinking/{name}/manifest.json" for name in ("rare_0", "rare_2", "rare_10", "control")),
          done_file="manifest.json"),
+    # chapter 11: skill or propensity, the working started for each base
+    CacheStep("skill_test", "skill_test", ("labkit.studies.skill_test:run",), (TOKENIZER,),
+         tuple(f"thinking/{name}/manifest.json" for name in ("skill", "rare_0", "rare_2", "control"))),
 )
 STEP_NAMES = tuple(s.name for s in STEPS)
 

@@ -14,7 +14,7 @@ def _verdicts(stale: set[str]) -> dict:
 
 @pytest.mark.parametrize("stale, expected", [
     ({"base"}, ["base", "warm_start", "sft", "grpo", "evaluation", "group_size", "reward_model", "format_base",
-                "grpo_large", "overoptimisation", "gradient_study", "thinking", "reasoning"]),
+                "grpo_large", "overoptimisation", "gradient_study", "thinking", "reasoning", "skill_test"]),
     ({"warm_start"}, ["warm_start", "sft", "grpo", "evaluation", "group_size", "reward_model", "grpo_large",
                       "overoptimisation", "gradient_study"]),
     ({"grpo_large"}, ["grpo_large"]),
@@ -26,7 +26,7 @@ def _verdicts(stale: set[str]) -> dict:
     ({"evaluation"}, ["evaluation", "group_size"]),
     ({"group_size"}, ["group_size"]),
     ({"gradient_study"}, ["gradient_study"]),
-    ({"thinking"}, ["thinking", "reasoning"]),
+    ({"thinking"}, ["thinking", "reasoning", "skill_test"]),
     ({"reasoning"}, ["reasoning"]),
     (set(), []),
 ])
