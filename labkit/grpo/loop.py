@@ -156,26 +156,12 @@ def _prepare_folder(folder: RunFolder, loop: Loop, resume_from: Path | None, res
 
 
 def run_grpo(
-    config: PresetConfig | str,
-    run_dir: str | Path | None = None,
-    *,
-    G: int | None = None,
-    iterations: int | None = None,
-    stop_after: int | None = None,
-    save_states_at: tuple[int, ...] = (),
-    resume_from: str | Path | None = None,
-    resume: bool = False,
-    restart: bool = False,
-    sampler: str = "reference",
-    start_file: str | Path | None = None,
-    device: str | None = None,
-    overwrite: bool = False,
-    progress: bool = True,
-    variant: Variant = PROTOCOL,
-    shared_prompts: bool = False,
-    learned_verifier=None,
-    task: Task | None = None,
-    bucket_tokens: int | None = None,
+    config: PresetConfig | str, run_dir: str | Path | None = None, *,
+    G: int | None = None, iterations: int | None = None, stop_after: int | None = None,
+    save_states_at: tuple[int, ...] = (), resume_from: str | Path | None = None, resume: bool = False,
+    restart: bool = False, sampler: str = "reference", start_file: str | Path | None = None,
+    device: str | None = None, overwrite: bool = False, progress: bool = True, variant: Variant = PROTOCOL,
+    shared_prompts: bool = False, learned_verifier=None, task: Task | None = None, bucket_tokens: int | None = None,
 ) -> dict:
     """Run GRPO into `run_dir`; returns the manifest (or, when stopped early, a summary).
 

@@ -140,3 +140,18 @@ def _base_model(preset: str, base: str) -> Path:
                                 f"`python -m labkit cache fill --steps thinking --runs {base}` rebuilds it")
     folder.check_file(thinking_base.MODEL_FILE)
     return folder / thinking_base.MODEL_FILE
+
+
+def is_finished(preset: str = "tiny") -> bool:
+    return (default_run_dir(preset) / "FINISHED").is_file()
+
+
+def read(preset: str = "tiny") -> tuple[dict, list[dict]]:
+    """The committed test: (results, rows), each file checked against the digest its manifest recorded."""
+    folder = RunFolder(default_run_dir(preset))
+    if not is_finished(preset):
+        raise FileNotFoundError(f"{folder.path} holds no finished skill test: `python -m labkit skill-test` runs it")
+    folder.check_file("results.json")
+    folder.check_file("rows.json.gz")
+    return (json.loads((folder / "results.json").read_text()),
+            json.loads(gzip.decompress((folder / "rows.json.gz").read_bytes())))
