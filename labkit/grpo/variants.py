@@ -15,6 +15,10 @@ part of the loop and nothing else:
     baseline           what is subtracted from each reward: "group_mean" (GRPO, Dr. GRPO);
                        "leave_one_out": the mean of the group's other G - 1 rewards (RLOO);
                        "none": nothing, A = r (REINFORCE on the 0/1 reward)
+    advantage_sign     which half of the signal the loss keeps: "both" (the protocol); "positive":
+                       only A > 0, the rewarded responses pushed up (positive sample reinforcement);
+                       "negative": only A < 0, the failed ones pushed down (Zhu et al. 2025,
+                       "The surprising effectiveness of negative reinforcement"); the other half is 0
     scale_by_std       True: A = (r - mean) / (std + eps) (GRPO); False: A = r - mean (Dr. GRPO).
                        With near-equal rewards the division amplifies tiny differences.  Only
                        with the group-mean baseline.
@@ -86,6 +90,7 @@ REDUCTIONS = losses.REDUCTIONS
 KLS = ("exact", "k1", "k2", "k3", "none")
 REWARDS = ("verifier", "random", "format", "learned", "learned_guarded")
 BASELINES = ("group_mean", "leave_one_out", "none")
+ADVANTAGE_SIGNS = ("both", "positive", "negative")
 SAMPLER_WEIGHTS = ("float32", "bfloat16", "float8")
 LOGP_OLD_FROM = ("sampler", "trainer")
 # The switches each objective never reads: a value other than the default would be recorded in the run's
@@ -94,8 +99,9 @@ IGNORED_BY = {
     "grpo": (),
     "cispo": (),
     "gspo": ("clip_eps_high",),
-    "rft": ("baseline", "scale_by_std", "clip_eps_high", "overlong_filter", "dynamic_sampling"),
-    "sft": ("baseline", "scale_by_std", "clip_eps_high", "overlong_filter", "dynamic_sampling", "reward",
+    "rft": ("baseline", "advantage_sign", "scale_by_std", "clip_eps_high", "overlong_filter", "dynamic_sampling"),
+    "sft": ("baseline", "advantage_sign", "scale_by_std", "clip_eps_high", "overlong_filter", "dynamic_sampling",
+            "reward",
             "random_reward_p", "length_penalty"),
 }
 IGNORED_WHY = {
@@ -130,6 +136,8 @@ class Variant:
     """the random control's success probability (required with reward "random")"""
     baseline: str = "group_mean"
     """"group_mean", "leave_one_out" (RLOO) or "none" (REINFORCE)"""
+    advantage_sign: str = "both"
+    """"both", "positive" (only A > 0 kept) or "negative" (only A < 0 kept)"""
     clip_eps_high: float | None = None
     """the upper clip's epsilon (DAPO: 0.28); None: the preset's clip_eps"""
     overlong_filter: bool = False
@@ -145,7 +153,7 @@ class Variant:
 
     def __post_init__(self):
         for name, allowed in (("objective", OBJECTIVES), ("reduction", REDUCTIONS), ("kl", KLS),
-                              ("reward", REWARDS), ("baseline", BASELINES),
+                              ("reward", REWARDS), ("baseline", BASELINES), ("advantage_sign", ADVANTAGE_SIGNS),
                               ("sampler_weights", SAMPLER_WEIGHTS), ("logp_old_from", LOGP_OLD_FROM)):
             if getattr(self, name) not in allowed:
                 raise ValueError(f"variant {name}={getattr(self, name)!r}: expected one of {allowed}")
@@ -439,6 +447,19 @@ def no_baseline(rewards, eps, scale_by_std):
 ADVANTAGE_TABLE = {"group_mean": group_mean_advantages, "leave_one_out": leave_one_out, "none": no_baseline}
 
 
+def signed_advantages(advantages, sign: str):
+    """advantages(rewards) -> (P, G) with only the `sign` half kept ("both": every one; "positive": A > 0;
+    "negative": A < 0), the other entries exactly 0."""
+    if sign == "both":
+        return advantages
+
+    def kept(rewards):
+        a = advantages(rewards)
+        return torch.where(a > 0 if sign == "positive" else a < 0, a, torch.zeros_like(a))
+
+    return kept
+
+
 # Groups and rows.  `refill` takes the iteration's (chosen, groups, optimised (P, G)), P and a
 # `redraw(tag) -> (chosen, groups, optimised)` that samples P fresh prompts (the loop's), and returns
 # the groups the iteration learns from with an account (None when it changes nothing);
@@ -585,8 +606,8 @@ def resolve(variant: Variant, config: PresetConfig, learned_verifier=None) -> Re
                  if variant.length_penalty else compute)
     return Resolved(
         variant=variant, optimised_reward=optimised,
-        advantages=partial(ADVANTAGE_TABLE[variant.baseline], eps=config.advantage_eps,
-                           scale_by_std=variant.scale_by_std),
+        advantages=signed_advantages(partial(ADVANTAGE_TABLE[variant.baseline], eps=config.advantage_eps,
+                                             scale_by_std=variant.scale_by_std), variant.advantage_sign),
         objective=OBJECTIVE_TABLE[variant.objective], kl_term=KL_TABLE[variant.kl], reduction=variant.reduction,
         clip_eps_high=variant.clip_eps_high,
         refill=REFILL_TABLE[variant.dynamic_sampling], loss_rows=LOSS_ROWS_TABLE[variant.overlong_filter],
