@@ -430,7 +430,8 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     sweep_file = args.file or sweep.DEFAULT_FILE
     runs = sweep.load_runs(sweep_file, args.preset)
     specs = sweep.plan(args.preset, runs, threads=args.threads, starts=sweep.load_starts(sweep_file),
-                       settings=sweep.load_settings(sweep_file), root=sweep.sweep_root(sweep_file, args.preset))
+                       settings=sweep.load_settings(sweep_file), root=sweep.sweep_root(sweep_file, args.preset),
+                       task=sweep.load_task(sweep_file))
     if args.plan:
         for s in specs:
             print(f"{s['name']:<28} {Path(s['folder']).name:<44} {'finished' if sweep._done(s) else 'to run'}")
