@@ -1,63 +1,43 @@
-"""A sweep of chapter 11's GRPO on worked answers (`"task": "worked"` in a sweep file, issue 56): each run
-trained by the one GRPO loop with the worked task from its thinking base, evaluated by its own test profile,
-named by its fingerprint, read and never rerun once finished; its results keep the think-rate curves and the
-test profile.  Small settings (2 chains x G = 2, 2 iterations, 1 test chain per k) from the tiny warm start."""
-
-import json
+"""labkit.studies.reasoning_sweep on hand-made rollouts and on the sweep file's plan."""
 
 import pytest
 
-from labkit.studies import sweep, thinking_base
-from labkit.lab.runs import REPO_ROOT, RunFolder
-
-WARM_START = REPO_ROOT / "runs" / "tiny" / "warm_start" / "model.safetensors"
+from labkit.studies import reasoning_sweep
 
 
-def write(tmp_path, body: dict):
-    path = tmp_path / "worked.json"
-    path.write_text(json.dumps(body))
-    return path
+def rows(iteration, groups):
+    """One row per (thinks, optimised reward) pair, groups in order."""
+    return [{"iteration": iteration, "thinks": t, "optimised_reward": r} for g in groups for t, r in g]
 
 
-@pytest.fixture
-def small(monkeypatch):
-    monkeypatch.setattr(thinking_base, "MEASURE_CHAINS_PER_K", 1)
-    monkeypatch.setattr(thinking_base, "PROFILE_CHAINS_PER_K", 1)
+def test_group_signal_counts_groups_whose_rewards_differ_and_the_first_worked_answer():
+    silent, mixed, worked_silent = [(False, 0.0), (False, 0.0)], [(True, 1.0), (False, 0.0)], [(True, 0.0), (False, 0.0)]
+    found = reasoning_sweep.group_signal(rows(1, [silent, silent]) + rows(2, [worked_silent, silent])
+                                         + rows(3, [mixed, mixed]), G=2)
+    # iteration 2's worked answer earned nothing (a silent group) but is the first worked answer
+    assert found == {"first_worked_iteration": 2, "signal_share": [0.0, 0.0, 1.0]}
+    assert reasoning_sweep.group_signal(rows(1, [silent]), G=2)["first_worked_iteration"] is None
 
 
-def test_a_worked_sweep_trains_each_run_once_and_keeps_its_curves_and_test_profile(tmp_path, small):
-    path = write(tmp_path, {"task": "worked", "config": {"prompts_per_iteration": 2, "G": 2, "grpo_iterations": 2},
-                            "runs": [{"name": "reference"}, {"name": "negative_only", "start": "rare_0",
-                                                              "options": {"advantage_sign": "negative"}}]})
-    assert sweep.load_task(path) == "worked" and sweep.load_starts(path) == {"reference": "rare_2",
-                                                                            "negative_only": "rare_0"}
-    specs = sweep.plan("tiny", sweep.load_runs(path), root=tmp_path / "runs", start_file=WARM_START,
-                       starts=sweep.load_starts(path), settings=sweep.load_settings(path), task="worked")
-    assert [(s["G"], s["iterations"], s["sampler"], s["task"]) for s in specs] == [(2, 2, "static", "worked")] * 2
-    assert specs[0]["folder"] != specs[1]["folder"]
-    for spec in specs:
-        assert sweep.run_one(spec)["trained"] and sweep._done(spec)
-        assert not sweep.run_one(spec)["trained"]  # finished: read, never rerun
-    results = sweep.collect_results(specs, tmp_path / "results.json")
-    reference = results["runs"]["reference"]
-    assert results["task"] == "worked" and reference["start"] == "rare_2"
-    assert len(reference["curves"]["think_rate"]) == 2 and reference["test_profile"]["responses"] == 64  # 1 chain per k x 8 draws
-    assert RunFolder(specs[1]["folder"]).manifest()["step"] == "reasoning"
-    assert results["runs"]["negative_only"]["options"]["advantage_sign"] == "negative"
+def test_group_signal_refuses_rows_that_are_not_whole_groups():
+    with pytest.raises(ValueError, match="iteration 1: 3 rollouts are not groups of G = 2"):
+        reasoning_sweep.group_signal(rows(1, [[(False, 0.0)] * 3]), G=2)
 
 
-@pytest.mark.parametrize("body, message", [
-    ({"task": "chess", "runs": [{"name": "a"}]}, r"task 'chess': expected one of \('protocol', 'worked'\)"),
-    ({"task": "worked", "runs": [{"name": "a", "start": "warm_start"}]}, r"run 0 start 'warm_start': expected one of"),
-    ({"task": "worked", "sampler": "fast", "runs": [{"name": "a"}]}, "leave out 'sampler' and 'shared_prompts'"),
-])
-def test_a_worked_sweep_file_is_refused_in_one_line_naming_the_value(tmp_path, body, message):
-    path = write(tmp_path, body)
-    with pytest.raises(ValueError, match=message):
-        sweep.load_runs(path)
+def test_every_run_of_the_sweep_file_is_in_one_family_and_the_partner_in_none():
+    planned = [s["name"] for s in reasoning_sweep.specs()]
+    in_families = [n for names in reasoning_sweep.FAMILIES.values() for n in names]
+    assert sorted(in_families + [reasoning_sweep.PARTNER]) == sorted(planned)
+    assert len(set(in_families)) == len(in_families)
 
 
-def test_a_worked_run_may_not_optimise_the_protocols_learned_verifier(tmp_path):
-    path = write(tmp_path, {"task": "worked", "runs": [{"name": "a", "options": {"reward": "learned"}}]})
-    with pytest.raises(ValueError, match="the learned verifier judges the protocol's answers"):
-        sweep.plan("tiny", sweep.load_runs(path), root=tmp_path, start_file=WARM_START, task="worked")
+@pytest.mark.parametrize("G", [2, 4, 8, 16])
+def test_one_winners_advantage_by_each_scheme_is_the_hand_worked_one(G):
+    found = reasoning_sweep.one_winner_advantages(G)
+    s = (G - 1) ** 0.5  # GRPO: (1 - 1/G) / sqrt((1/G)(1 - 1/G)) = sqrt(G - 1); a loser -1/sqrt(G - 1)
+    expected = {"worked_grpo": (s, -1 / s), "worked_mean_only": ((G - 1) / G, -1 / G),
+                "worked_no_baseline": (1.0, 0.0), "worked_rloo": (1.0, -1 / (G - 1)),
+                "worked_positive_only": (s, 0.0), "worked_negative_only": (0.0, -1 / s)}
+    assert found.keys() == expected.keys()
+    for name, (winner, loser) in expected.items():
+        assert found[name] == pytest.approx((winner, loser), rel=1e-7, abs=1e-12), name  # eps 1e-8 in the std
