@@ -96,19 +96,32 @@ def summary(folder: Path, G: int, rows: list[dict] | None = None) -> dict:
             "signal_share_mean": sum(signal["signal_share"]) / len(signal["signal_share"])}
 
 
+SEEDS = (PARTNER, "worked_grpo_seed_2", "worked_grpo_seed_3")
+"""the reference run at its three training seeds: a piece's effect is measured against each of them"""
+BEYOND_SEEDS_ALPHA = 0.01
+
+
 def table(preset: str = "tiny", sweep_file: str | Path = SWEEP_FILE) -> dict:
-    """{"base", "partner", "families": {family: [row, ...]}}: each finished run against the partner, paired
-    over the test chains (right draws and working draws), Holm-corrected within its family.  Runs not
-    finished yet are left out (listed under "missing")."""
+    """{"base", "partner", "families": {family: [row, ...]}, "missing"}: each finished run against the
+    reference, paired over the test chains (right draws and working draws), Holm-corrected within its
+    family, against each of the reference's finished training seeds.
+
+    The paired test over chains holds the trained policy fixed: it says whether two policies differ,
+    not whether the change of setting made the difference; a second training seed of the same setting
+    can differ from the first as much.  So a run counts as changed by its setting ("beyond_seeds", for
+    right answers and for working separately) only where it differs from every seed of the reference in
+    the same direction with a Holm-corrected p below `BEYOND_SEEDS_ALPHA`.  Runs not finished yet are
+    left out (listed under "missing")."""
     folders = finished_folders(preset, sweep_file)
     if PARTNER not in folders:
         raise FileNotFoundError(f"{PARTNER} is not finished: `python -m labkit sweep {sweep_file}` trains it")
     G_of = {s["name"]: s["G"] for s in specs(preset, sweep_file)}
     base_rows = thinking_base.read_profile("rare_2", preset)["rows"]
-    partner_rows = profile_rows(folders[PARTNER])
+    seed_rows = {name: profile_rows(folders[name]) for name in SEEDS if name in folders}
     out = {"base": {"think_rate": sum(bool(r["thinks"]) for r in base_rows) / len(base_rows),
                     "accuracy": sum(r["reward"] for r in base_rows) / len(base_rows)},
-           "partner": summary(folders[PARTNER], G_of[PARTNER], partner_rows), "families": {}, "missing": []}
+           "partner": summary(folders[PARTNER], G_of[PARTNER], seed_rows[PARTNER]), "seeds": list(seed_rows),
+           "families": {}, "missing": []}
     for family, names in FAMILIES.items():
         rows = []
         for name in names:
@@ -116,39 +129,57 @@ def table(preset: str = "tiny", sweep_file: str | Path = SWEEP_FILE) -> dict:
                 out["missing"].append(name)
                 continue
             run_rows = profile_rows(folders[name])
-            right = reasoning_report.paired_over_chains(partner_rows, run_rows)
-            thinks = reasoning_report.paired_over_chains(partner_rows, run_rows, field="thinks")
-            rows.append({"name": name, **summary(folders[name], G_of[name], run_rows),
-                         "accuracy_difference": right["mean_difference"], "accuracy_p": right["p_permutation"],
-                         "accuracy_p_method": right["p_permutation_method"],
-                         "think_difference": thinks["mean_difference"], "think_p": thinks["p_permutation"]})
-        for key in ("accuracy_p", "think_p") if rows else ():
-            for row, adjusted in zip(rows, paired.holm([r[key] for r in rows])):
-                row[key + "_holm"] = adjusted
+            row = {"name": name, **summary(folders[name], G_of[name], run_rows), "against": {}}
+            for seed, reference in seed_rows.items():
+                if seed == name:
+                    continue
+                right = reasoning_report.paired_over_chains(reference, run_rows)
+                thinks = reasoning_report.paired_over_chains(reference, run_rows, field="thinks")
+                row["against"][seed] = {"accuracy_difference": right["mean_difference"], "accuracy_p": right["p_permutation"],
+                                        "think_difference": thinks["mean_difference"], "think_p": thinks["p_permutation"]}
+            rows.append(row)
+        for seed in seed_rows:  # Holm within the family, against each reference seed
+            compared = [r for r in rows if seed in r["against"]]
+            for key in ("accuracy_p", "think_p") if compared else ():
+                for r, adjusted in zip(compared, paired.holm([r["against"][seed][key] for r in compared])):
+                    r["against"][seed][key + "_holm"] = adjusted
+        for r in rows:
+            for what in ("accuracy", "think"):
+                tests = list(r["against"].values())
+                signs = {t[f"{what}_difference"] > 0 for t in tests}
+                r[f"{what}_beyond_seeds"] = (len(tests) == len(SEEDS) - (r["name"] in SEEDS) and len(signs) == 1
+                                             and all(t[f"{what}_p_holm"] < BEYOND_SEEDS_ALPHA for t in tests))
         out["families"][family] = rows
     return out
 
 
 def format_table(result: dict) -> str:
-    """The table as text: one line per run, its family's Holm-corrected p-values."""
+    """The table as text: one line per run; its difference from the reference (seed 1) with its Holm p, the
+    range of its differences from the three seeds, and whether it is beyond the seeds ("*")."""
     def pct(x):
         return f"{x:6.1%}"
 
-    lines = [f"base rare_2: thinks {pct(result['base']['think_rate'])}, right {pct(result['base']['accuracy'])}",
-             f"{'run':<31}{'thinks':>8}{'right':>8}{'d right':>9}{'p (Holm)':>10}{'d thinks':>10}{'p (Holm)':>10}"
-             f"{'KL end':>9}{'H end':>7}{'1st worked':>11}{'signal':>8}"]
+    def diffs(r, what):
+        d = [100 * t[f"{what}_difference"] for t in r["against"].values()]
+        first = r["against"].get(PARTNER)
+        head = f"{100 * first[f'{what}_difference']:+6.1f} (p {first[f'{what}_p_holm']:.3f})" if first else " " * 18
+        return f"{head} [{min(d):+5.1f}, {max(d):+5.1f}]{'*' if r[f'{what}_beyond_seeds'] else ' '}"
+
+    lines = [f"base rare_2: thinks {pct(result['base']['think_rate'])}, right {pct(result['base']['accuracy'])}; "
+             f"differences in points against {PARTNER} (Holm p) and [the range against the seeds {', '.join(result['seeds'])}]; "
+             f"* beyond every seed (p < {BEYOND_SEEDS_ALPHA} each, one direction)",
+             f"{'run':<31}{'thinks':>7}{'right':>7}  {'right: d (p) [seeds]':<33}{'thinks: d (p) [seeds]':<33}"
+             f"{'KL end':>7}{'H end':>6}{'1st':>4}{'signal':>7}"]
     p = result["partner"]
-    lines.append(f"{PARTNER:<31}{pct(p['think_rate']):>8}{pct(p['accuracy']):>8}{'':>9}{'':>10}{'':>10}{'':>10}"
-                 f"{p['kl_end']:>9.4f}{p['entropy_end']:>7.3f}{str(p['first_worked_iteration']):>11}"
-                 f"{p['signal_share_mean']:>8.1%}")
+    lines.append(f"{PARTNER:<31}{pct(p['think_rate']):>7}{pct(p['accuracy']):>7}  {'':<33}{'':<33}"
+                 f"{p['kl_end']:>7.3f}{p['entropy_end']:>6.3f}{str(p['first_worked_iteration']):>4}"
+                 f"{p['signal_share_mean']:>7.1%}")
     for family, rows in result["families"].items():
         lines.append(f"-- {family}")
         for r in rows:
-            lines.append(f"{r['name']:<31}{pct(r['think_rate']):>8}{pct(r['accuracy']):>8}"
-                         f"{100 * r['accuracy_difference']:>+8.1f}p{r['accuracy_p_holm']:>10.4f}"
-                         f"{100 * r['think_difference']:>+9.1f}p{r['think_p_holm']:>10.4f}"
-                         f"{r['kl_end']:>9.4f}{r['entropy_end']:>7.3f}{str(r['first_worked_iteration']):>11}"
-                         f"{r['signal_share_mean']:>8.1%}")
+            lines.append(f"{r['name']:<31}{pct(r['think_rate']):>7}{pct(r['accuracy']):>7}  {diffs(r, 'accuracy'):<33}"
+                         f"{diffs(r, 'think'):<33}{r['kl_end']:>7.3f}{r['entropy_end']:>6.3f}"
+                         f"{str(r['first_worked_iteration']):>4}{r['signal_share_mean']:>7.1%}")
     if result["missing"]:
         lines.append(f"not finished yet: {', '.join(result['missing'])}")
     return "\n".join(lines)
