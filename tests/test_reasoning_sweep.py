@@ -41,3 +41,20 @@ def test_one_winners_advantage_by_each_scheme_is_the_hand_worked_one(G):
     assert found.keys() == expected.keys()
     for name, (winner, loser) in expected.items():
         assert found[name] == pytest.approx((winner, loser), rel=1e-7, abs=1e-12), name  # eps 1e-8 in the std
+
+
+def test_the_family_figure_draws_the_seeds_as_a_band_and_one_line_per_run():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from labkit.book import plots_reasoning
+
+    def history(values):
+        return [{"iteration": i + 1, "think_rate": v, "accuracy": v / 2} for i, v in enumerate(values)]
+
+    seeds = {"a": history([0.0, 0.5, 0.9]), "b": history([0.1, 0.3, 1.0])}
+    fig = plots_reasoning.plot_family_against_seeds(seeds, {"x": history([0, 0, 0]), "y": history([1, 1, 1])}, "t")
+    ax = fig.axes[0]
+    band = ax.collections[0].get_paths()[0].vertices
+    assert {tuple(v) for v in band} >= {(1.0, 0.0), (2.0, 0.3), (3.0, 0.9), (1.0, 0.1), (2.0, 0.5), (3.0, 1.0)}
+    assert [line.get_label() for line in ax.get_lines()] == ["x", "y"]
