@@ -464,14 +464,13 @@ def cmd_live(args: argparse.Namespace) -> int:
     from . import live
 
     if args.what == "grpo":
-        if args.base or args.group_size or args.beta is not None:
+        if args.base or args.G or args.beta is not None:
             raise ValueError("--base, --group-size and --beta are chapter 11's: `python -m labkit live reasoning`")
         lines = live.live_grpo(10 if args.iterations is None else args.iterations, run_dir=args.run_dir,
                                restart=args.restart)
     else:
         lines = live.live_reasoning(20 if args.iterations is None else args.iterations, base=args.base or "rare_2",
-                                    G=args.group_size,
-                                    kl_coef=args.beta, run_dir=args.run_dir, restart=args.restart)
+                                    G=args.G, kl_coef=args.beta, run_dir=args.run_dir, restart=args.restart)
     agree = sum(bool(line["agrees"]) for line in lines)
     print(f"live {args.what}: {len(lines)} iteration(s), {agree} the committed run's rollouts exactly; Ctrl-C keeps "
           "every finished iteration, and the same command goes on")
@@ -857,7 +856,7 @@ def _add_chapter10_commands(sub) -> None:
     p.add_argument("--iterations", type=int, default=None, help="iterations 1..N (default: 10 for grpo, 20 for reasoning)")
     p.add_argument("--base", default=None, help="reasoning: the thinking base to start from, rare_0, rare_2, rare_10 "
                                                 "or control (default: rare_2)")
-    p.add_argument("--group-size", type=int, default=None, help="reasoning: G (default: the committed run's, 8)")
+    p.add_argument("--group-size", dest="G", type=int, default=None, help="reasoning: G (default: the committed run's, 8)")
     p.add_argument("--beta", type=float, default=None, help="reasoning: the KL weight (default: the protocol's, 0.02)")
     p.add_argument("--run-dir", type=Path, default=None,
                    help="folder (default: runs/scratch/live/grpo, or runs/scratch/live/reasoning/<base>-G<G>-beta<beta>)")
