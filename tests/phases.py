@@ -12,8 +12,9 @@ for (os.wait4's usage); a process reaped by another parent, such as a browser's 
 
 Memory: while a group runs, the proportional set sizes (Pss: resident memory, a page shared by
 several processes counted once between them) of every process under this one are summed every
-0.2 s; a phase's peak is the largest sum seen over its own processes, the group's peak the
-largest sum over all of them.  A spike shorter than the interval can be missed; `ru_maxrss`
+0.5 s (each sample reads every process's smaps_rollup: every 0.2 s, the sampler took a sixth of a
+core); a phase's peak is the largest sum seen over its own processes, the group's peak the largest
+sum over all of them.  A spike shorter than the interval can be missed; `ru_maxrss`
 (the largest single process's resident peak, from the kernel) is printed beside it as a check,
 with one caveat: a process that resets its own peak counter (/proc/self/clear_refs, as the smoke
 does at each stage to measure it) reports only the peak since its last reset.
@@ -115,7 +116,7 @@ def tree_rss(root: int, tree: dict[int, list[int]]) -> int:
     return total
 
 
-def run_group(group, interval: float = 0.2) -> list[dict]:
+def run_group(group, interval: float = 0.5) -> list[dict]:
     """Start the group's phases together, sample their memory until all end; one result per phase."""
     LOGS.mkdir(parents=True, exist_ok=True)
     running = []
