@@ -38,8 +38,8 @@ LOGS = ROOT / "_build" / "test-logs"
 
 # (name, command, extra environment); phases in one inner list run side by side, and the whole run stays
 # under 6 GB, a laptop's budget.  The qwen smoke (tests/test_smoke.py: 2 layers at a quarter of Qwen's
-# width and its full 151,936-token vocabulary, 1.6 GiB) runs beside the short book builds (0.2 GiB) on two
-# threads.  The portable-kernel unit pass (two workers, 2.6 GiB) runs beside the two browser checks
+# width and its full 151,936-token vocabulary, 1.6 GiB) runs beside the short book builds (0.2 GiB) and
+# the two halves of the portable nbval pass (0.9 GiB each).  The portable-kernel unit pass (two workers, 2.6 GiB) runs beside the two browser checks
 # (1 GiB each), which need the books.
 SMOKE = "tests/test_smoke.py"
 # The unit passes hand out files in conftest.py's order, slowest first (with --no-loadscope-reorder; xdist
@@ -59,13 +59,19 @@ from portable import PORTABLE_FILES, PORTABLE_TESTS  # noqa: E402  (no imports o
 
 PORTABLE_PATHS = sorted(f"tests/{name}" for name in PORTABLE_FILES | set(PORTABLE_TESTS))
 STUDENT_HTML = "_build/student_src/_build/html"  # the Makefile's STUDENT_HTML
+NOTEBOOKS = sorted(str(p.relative_to(ROOT)) for p in (ROOT / "notebooks").glob("*.ipynb"))
+NBVAL = [PY, "-m", "pytest", "-q", "--nbval", "--nbval-current-env"]
 GROUPS = [
     [("prepare", ["make", "--no-print-directory", "setup", "mathjax", "browser"], {})],  # once, before phases share them
+    # nbval under the native kernels fills the unit pass's idle time: its tests wait on the processes
+    # they start and kill (the unit pass alone kept 1.5 of the 2 cores busy)
     [("unit", [PY, "-m", "pytest", "-q", "-p", "no:nbval", "-n", UNIT_WORKERS, "--dist", "loadfile",
-               "--no-loadscope-reorder", "--durations=25", f"--ignore={SMOKE}", *LONGEST_FIRST, "tests"], {})],
-    [("nbval", [PY, "-m", "pytest", "-q", "--nbval", "--nbval-current-env", "notebooks"], {}),
-     ("nbval, portable kernels", [PY, "-m", "pytest", "-q", "--nbval", "--nbval-current-env", "notebooks"], PORTABLE)],
-    [("qwen smoke", [PY, "-m", "pytest", "-q", "-p", "no:nbval", SMOKE], {}),
+               "--no-loadscope-reorder", "--durations=25", f"--ignore={SMOKE}", *LONGEST_FIRST, "tests"], {}),
+     ("nbval", [*NBVAL, "notebooks"], {})],
+    # nbval under the portable kernels in two halves (every other chapter), beside the smoke and the books
+    [("nbval, portable kernels, first half", [*NBVAL, *NOTEBOOKS[0::2]], PORTABLE),
+     ("nbval, portable kernels, second half", [*NBVAL, *NOTEBOOKS[1::2]], PORTABLE),
+     ("qwen smoke", [PY, "-m", "pytest", "-q", "-p", "no:nbval", SMOKE], {}),
      ("books", ["sh", "-c", "make --no-print-directory book && make --no-print-directory student-book"], {})],
     # the two books' browser checks (the same checks as `make browser-check`) beside the portable pass
     [("unit, portable kernels", [PY, "-m", "pytest", "-q", "-p", "no:nbval", "-n", "2", "--dist", "loadfile",
