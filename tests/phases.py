@@ -37,10 +37,10 @@ PORTABLE = {"ATEN_CPU_CAPABILITY": "default"}  # PyTorch's portable kernels: the
 LOGS = ROOT / "_build" / "test-logs"
 
 # (name, command, extra environment); phases in one inner list run side by side, and the whole run stays
-# under 6 GB, a laptop's budget: the unit pass (three workers, 3.6 GiB), nbval (0.8 GiB), the qwen smoke
-# (tests/test_smoke.py: 2 layers at a quarter of Qwen's width and its full 151,936-token vocabulary,
-# 1.5 GiB) and the book builds (0.2 GiB) together; the portable-kernel unit pass (two workers, 2.3 GiB)
-# beside the two browser checks (1 GiB each), which need the books.
+# under 6 GB, a laptop's budget.  The qwen smoke (tests/test_smoke.py: 2 layers at a quarter of Qwen's
+# width and its full 151,936-token vocabulary, 1.6 GiB) runs beside the short book builds (0.2 GiB) and
+# the two halves of the portable nbval pass (0.9 GiB each).  The portable-kernel unit pass (two workers, 2.6 GiB) runs beside the two browser checks
+# (1 GiB each), which need the books.
 SMOKE = "tests/test_smoke.py"
 # The unit passes hand out files in conftest.py's order, slowest first (with --no-loadscope-reorder; xdist
 # would sort them by their number of tests), so that both workers end together (210 -> 178 s).  They do
@@ -63,16 +63,16 @@ NOTEBOOKS = sorted(str(p.relative_to(ROOT)) for p in (ROOT / "notebooks").glob("
 NBVAL = [PY, "-m", "pytest", "-q", "--nbval", "--nbval-current-env"]
 GROUPS = [
     [("prepare", ["make", "--no-print-directory", "setup", "mathjax", "browser"], {})],  # once, before phases share them
-    # nbval under the native kernels, the qwen smoke and the books fill the unit pass's idle time: its tests
-    # wait on the processes they start and kill, and on fsync (alone it kept 1.5 of the 2 cores busy)
+    # nbval under the native kernels fills the unit pass's idle time: its tests wait on the processes
+    # they start and kill (the unit pass alone kept 1.5 of the 2 cores busy)
     [("unit", [PY, "-m", "pytest", "-q", "-p", "no:nbval", "-n", UNIT_WORKERS, "--dist", "loadfile",
                "--no-loadscope-reorder", "--durations=25", f"--ignore={SMOKE}", *LONGEST_FIRST, "tests"], {}),
-     ("nbval", [*NBVAL, "notebooks"], {}),
+     ("nbval", [*NBVAL, "notebooks"], {})],
+    # nbval under the portable kernels in two halves (every other chapter), beside the smoke and the books
+    [("nbval, portable kernels, first half", [*NBVAL, *NOTEBOOKS[0::2]], PORTABLE),
+     ("nbval, portable kernels, second half", [*NBVAL, *NOTEBOOKS[1::2]], PORTABLE),
      ("qwen smoke", [PY, "-m", "pytest", "-q", "-p", "no:nbval", SMOKE], {}),
      ("books", ["sh", "-c", "make --no-print-directory book && make --no-print-directory student-book"], {})],
-    # nbval under the portable kernels in two halves (every other chapter)
-    [("nbval, portable kernels, first half", [*NBVAL, *NOTEBOOKS[0::2]], PORTABLE),
-     ("nbval, portable kernels, second half", [*NBVAL, *NOTEBOOKS[1::2]], PORTABLE)],
     # the two books' browser checks (the same checks as `make browser-check`) beside the portable pass
     [("unit, portable kernels", [PY, "-m", "pytest", "-q", "-p", "no:nbval", "-n", "2", "--dist", "loadfile",
                                  "--no-loadscope-reorder", "--durations=15", "-m", "portable", *PORTABLE_PATHS],
