@@ -459,13 +459,21 @@ def cmd_reward_model(args: argparse.Namespace) -> int:
 
 
 def cmd_live(args: argparse.Namespace) -> int:
-    """Run the protocol's GRPO yourself, one line an iteration beside the committed run's (labkit.live)."""
+    """Run GRPO yourself (the protocol's, or chapter 11's from a thinking base), one line an iteration beside
+    the committed run's (labkit.live)."""
     from . import live
 
-    lines = live.live_grpo(args.iterations, run_dir=args.run_dir, restart=args.restart)
-    agree = sum(line["agrees"] for line in lines)
-    print(f"live grpo: {len(lines)} iteration(s), {agree} the committed run's rollouts exactly; Ctrl-C keeps every "
-          "finished iteration, and the same command goes on")
+    if args.what == "grpo":
+        if args.base or args.G or args.beta is not None:
+            raise ValueError("--base, --group-size and --beta are chapter 11's: `python -m labkit live reasoning`")
+        lines = live.live_grpo(10 if args.iterations is None else args.iterations, run_dir=args.run_dir,
+                               restart=args.restart)
+    else:
+        lines = live.live_reasoning(20 if args.iterations is None else args.iterations, base=args.base or "rare_2",
+                                    G=args.G, kl_coef=args.beta, run_dir=args.run_dir, restart=args.restart)
+    agree = sum(bool(line["agrees"]) for line in lines)
+    print(f"live {args.what}: {len(lines)} iteration(s), {agree} the committed run's rollouts exactly; Ctrl-C keeps "
+          "every finished iteration, and the same command goes on")
     return 0
 
 
@@ -482,6 +490,24 @@ def cmd_gradient_study(args: argparse.Namespace) -> int:
           f"{results['noise']['P']} x G = {results['noise']['G']}: "
           + ", ".join(f"{s} {noise[s]['snr_corrected']:.4f}" for s in gradient_study.ADVANTAGE_SCHEMES)
           + f"; {results['seconds']:.0f} s")
+    return 0
+
+
+def cmd_skill_test(args: argparse.Namespace) -> int:
+    """Chapter 11: skill or propensity, the working started for each thinking base (labkit.studies.skill_test)."""
+    import torch
+
+    from .studies import skill_test
+
+    torch.set_num_threads(args.threads)
+    if args.draws < 1:
+        raise ValueError(f"--draws {args.draws}: must be at least 1")
+    results = skill_test.run(args.preset, draws=args.draws, out=args.run_dir, overwrite=args.overwrite)
+    for base, s in results["bases"].items():
+        against = results["against_skill"].get(base)
+        print(f"{base:<8} right {s['accuracy']:6.1%}  steps all right {s['steps_right']:6.1%}"
+              + (f"  against skill: {100 * against['mean_difference']:+.1f} points, paired over "
+                 f"{against['n_problems']} chains (p = {against['p_permutation']:.1g})" if against else ""))
     return 0
 
 
@@ -620,7 +646,7 @@ def _add_sft_arguments(p: argparse.ArgumentParser) -> None:
 COMMAND_ORDER = ("data", "pretrain", "warm-start", "sft", "sft-resume-check", "grpo", "grpo-resume-check",
                  "sampler-agreement", "evaluate", "results-json", "group-size",  # the protocol, in order
                  "grpo-large", "sweep", "gradient-study", "objective-cases", "reward-model", "format-base", "overoptimisation",
-                 "thinking-bases", "reasoning", "live", "all", "smoke", "cache",
+                 "thinking-bases", "reasoning", "skill-test", "live", "all", "smoke", "cache",
                  "tune", "bench", "student")  # the tools
 
 
@@ -822,11 +848,18 @@ def _add_chapter10_commands(sub) -> None:
     common(p, "runs/<preset>/reward_model", "use only the first N train problems (default: all 1,000)")
     p.set_defaults(func=cmd_reward_model)
 
-    p = sub.add_parser("live", help="chapter 6: run the protocol's GRPO yourself, live, each iteration beside the "
-                                    "committed run's (one torch thread; Ctrl-C keeps what is done, run again to go on)")
-    p.add_argument("what", choices=["grpo"], help="the run to replay: the protocol's GRPO run")
-    p.add_argument("--iterations", type=int, default=10, help="iterations 1..N (default: %(default)s)")
-    p.add_argument("--run-dir", type=Path, default=None, help="folder (default: runs/scratch/live/grpo)")
+    p = sub.add_parser("live", help="chapters 6 and 11: run GRPO yourself, live, each iteration beside the "
+                                    "committed run's (its torch threads; Ctrl-C keeps what is done, run again to go on)")
+    p.add_argument("what", choices=["grpo", "reasoning"],
+                   help="grpo: the protocol's run (chapter 6); reasoning: GRPO on worked answers from a thinking "
+                        "base (chapter 11)")
+    p.add_argument("--iterations", type=int, default=None, help="iterations 1..N (default: 10 for grpo, 20 for reasoning)")
+    p.add_argument("--base", default=None, help="reasoning: the thinking base to start from, rare_0, rare_2, rare_10 "
+                                                "or control (default: rare_2)")
+    p.add_argument("--group-size", dest="G", type=int, default=None, help="reasoning: G (default: the committed run's, 8)")
+    p.add_argument("--beta", type=float, default=None, help="reasoning: the KL weight (default: the protocol's, 0.02)")
+    p.add_argument("--run-dir", type=Path, default=None,
+                   help="folder (default: runs/scratch/live/grpo, or runs/scratch/live/reasoning/<base>-G<G>-beta<beta>)")
     p.add_argument("--restart", action="store_true", help="delete an earlier live run and begin at iteration 1")
     p.set_defaults(func=cmd_live)
 
@@ -837,6 +870,15 @@ def _add_chapter10_commands(sub) -> None:
     p.add_argument("--threads", type=int, default=1, help="torch CPU threads (default: 1)")
     p.add_argument("--no-progress", action="store_true", help="no progress line")
     p.set_defaults(func=cmd_gradient_study)
+
+    p = sub.add_parser("skill-test", help="chapter 11: skill or propensity: each thinking base continues a worked "
+                                          "answer whose first step is started for it, paired with the skill base")
+    p.add_argument("--preset", default="tiny", choices=["tiny"], help="only 'tiny' (default: %(default)s)")
+    p.add_argument("--draws", type=int, default=4, help="answers per test chain and base (default: %(default)s)")
+    p.add_argument("--run-dir", type=Path, default=None, help="output folder (default: runs/<preset>/skill_test)")
+    p.add_argument("--threads", type=int, default=1, help="torch CPU threads (default: 1)")
+    p.add_argument("--overwrite", action="store_true", help="replace a finished test (evidence: normally refused)")
+    p.set_defaults(func=cmd_skill_test)
 
     p = sub.add_parser("objective-cases", help="outside checks: write (or --check) tests/data/objective_cases.json, "
                                                "each objective's loss and gradient on seeded small tensors")

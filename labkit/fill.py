@@ -1,8 +1,9 @@
 """`python -m labkit cache fill --steps thinking [--runs rare_2]`: the models a finished step keeps local,
 rebuilt by the step's own code and kept only if they are the very files its manifests record.
 
-Chapter 11's bases and GRPO runs commit everything but their models (4 MB each): each run's manifest
-records its model's SHA-256.  A fresh clone therefore has rare_2's profile but not its weights, and the
+Chapter 11's GRPO runs, the skill base and rare_10 commit everything but their models (4 MB each; the
+bases the live run starts from, rare_0, rare_2 and control, are committed whole): each run's manifest
+records its model's SHA-256.  A fresh clone therefore has rare_10's profile but not its weights, and the
 step itself reports every run "(kept)".  Filling one run:
 
 1. its committed folder is moved aside, untouched, to runs/<preset>/fill/;

@@ -18,6 +18,7 @@
     gradient_study       python -m labkit gradient-study           gradient_study/ (tiny only, chapters 2-3)
     thinking             python -m labkit thinking-bases           thinking/       (tiny only, chapter 11)
     reasoning            python -m labkit reasoning                reasoning/      (tiny only, chapter 11)
+    skill_test           python -m labkit skill-test               skill_test/     (tiny only, chapter 11)
 
 A step whose output is finished is skipped (finished runs are evidence and are
 never overwritten); with `rebuild_stale`, a step that `labkit.lab.cache` finds stale
@@ -58,6 +59,7 @@ def _done(preset: str, step: str) -> bool:
         "grpo_large": lambda: larger_run.is_built(preset),
         "overoptimisation": lambda: overoptimisation.is_built(preset),
         "gradient_study": lambda: is_finished(root / "gradient_study"),
+        "skill_test": lambda: is_finished(root / "skill_test"),
         "thinking": lambda: thinking_base.is_built(preset),
         "reasoning": lambda: reasoning.is_built(preset),
         "format_base": lambda: is_finished(root / "format_base") and is_finished(root / "format_base" / "evaluation"
@@ -91,6 +93,7 @@ def _commands(preset: str, device: str | None, threads: int | None) -> list[tupl
         steps.append(("gradient_study", ["gradient-study", "--preset", preset, "--no-progress"]))
         steps.append(("thinking", ["thinking-bases", "--preset", preset, "--workers", "2", "--no-progress"]))
         steps.append(("reasoning", ["reasoning", "--preset", preset, "--workers", "2", "--no-progress"]))
+        steps.append(("skill_test", ["skill-test", "--preset", preset]))
     return steps
 
 
@@ -99,7 +102,7 @@ CACHE_STEP = {"base": "base", "warm_start": "warm_start", "sft": "sft", "grpo": 
               "evaluation": "evaluation", "group_size": "group_size", "reward_model": "reward_model",
               "format_base": "format_base", "grpo_large": "grpo_large",
               "overoptimisation": "overoptimisation", "gradient_study": "gradient_study",
-              "thinking": "thinking", "reasoning": "reasoning"}
+              "thinking": "thinking", "reasoning": "reasoning", "skill_test": "skill_test"}
 
 
 def move_stale_aside(preset: str, only: tuple[str, ...] | None = None) -> list[tuple[str, Path]]:

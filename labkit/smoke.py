@@ -115,6 +115,7 @@ from .models import presets, sampling, scoring  # noqa: F401  (scoring: imported
 from .models.tokenizer import ASSET_DIR
 from .train import sft
 from .grpo import core, losses, variants
+from .grpo.loop import PROTOCOL_TASK
 from .eval import agreement, evaluate
 
 SMOKE_FILE = "smoke.json"
@@ -644,7 +645,7 @@ def new_smoke_loop(s: Smoke, model, reference) -> core.Loop:
     config = s.config.with_overrides(max_new_tokens=s.max_new_tokens)
     return core.new_loop(config, config.G, config.grpo_iterations, model, reference, s.tokenizer, s.start_digest,
                          start_label="smoke warm start", sampler="reference", device=s.device,
-                         resolved=variants.resolve(variants.Variant(), config),
+                         resolved=variants.resolve(variants.Variant(), config), task=PROTOCOL_TASK,
                          extra_identity={"smoke_layers": s.model_config.num_hidden_layers})
 
 
@@ -703,7 +704,7 @@ def stage_grpo_updates(s: Smoke, detail: dict) -> None:
     with deterministic(s.device):
         updates, check = core.update_iteration(loop, sampled)
         loop.optimizer.zero_grad(set_to_none=True)  # the gradients are not part of a state
-    core.record_iteration(loop, 0, sampled, updates, check)
+    loop.history.append(core.record_iteration(loop, 0, sampled, updates, check)[0])  # as core.run_iteration does
     rows = sampled.rollouts
     detail.update(
         verifier_rewards=rewards.tolist(),

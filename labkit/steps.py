@@ -34,6 +34,17 @@ BASE_UNRECORDED_WHY = (
     "check, list and write files; models/tokenizer.py loads the recorded tokenizer asset, which is a recorded "
     "input.")
 
+# The thinking bases' fingerprint leaves the run folders' plumbing out too: a change to how a folder is locked,
+# listed or written (the lock across threads of 2026-12-06) would otherwise rebuild the five bases (43 minutes on
+# two workers) for files that come out the same.
+THINKING_UNRECORDED = ("labkit.lab.runs",)
+THINKING_UNRECORDED_WHY = (
+    "lab/runs.py decides whether and where a step writes (the folder's lock, its ledger, atomic writes) and checks "
+    "what it reads against recorded digests; no number a base computes passes through it.  Every base model is "
+    "checked against its manifest's SHA-256 when it is loaded (`cache fill` rebuilds one and keeps it only if it "
+    "is that file).  Left out on 2026-12-06, when `cache check` named only labkit.lab.runs' lock definitions as "
+    "changed for this step.")
+
 STEPS = (
     CacheStep("base", "base", ("labkit.train.pretrain:pretrain",), (TOKENIZER,), unrecorded=BASE_UNRECORDED),
     # the samplers are compared on the warm start (sampler_agreement.json)
@@ -66,10 +77,13 @@ STEPS = (
          ("warm_start/model.safetensors",)),
     # chapter 11: bases that can work a problem out and rarely do, then GRPO on worked answers from each
     CacheStep("thinking", "thinking", ("labkit.studies.thinking_base:run_all",), (TOKENIZER,),
-         ("base/model.safetensors",), done_file="manifest.json"),
+         ("base/model.safetensors",), done_file="manifest.json", unrecorded=THINKING_UNRECORDED),
     CacheStep("reasoning", "reasoning", ("labkit.studies.reasoning:run_all",), (TOKENIZER,),
          tuple(f"thinking/{name}/manifest.json" for name in ("rare_0", "rare_2", "rare_10", "control")),
          done_file="manifest.json"),
+    # chapter 11: skill or propensity, the working started for each base
+    CacheStep("skill_test", "skill_test", ("labkit.studies.skill_test:run",), (TOKENIZER,),
+         tuple(f"thinking/{name}/manifest.json" for name in ("skill", "rare_0", "rare_2", "control"))),
 )
 STEP_NAMES = tuple(s.name for s in STEPS)
 

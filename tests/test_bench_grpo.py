@@ -43,3 +43,27 @@ def test_an_iterations_parts_add_up_to_its_total(report):
         assert sum(parts[k] for k in ("generation", "reference", "updates", "check", "bookkeeping")) \
             == pytest.approx(parts["total"], rel=1e-9)
         assert min(parts[k] for k in ("generation", "reference", "updates")) > 0
+
+
+def test_a_worked_iterations_update_by_both_paths_agrees_and_is_timed_stage_by_stage(monkeypatch, capsys):
+    """Section 5's comparison (`bench.bench_worked_iteration`) on a small worked loop from the warm start: the same
+    rollouts updated from the same state by today's path (plain, padded) and the bucketed one; their losses and
+    first gradients agree to float32 rounding (test_shared_prompt.py's bounds), every stage is timed."""
+    from labkit.config import ReasoningConfig
+    from labkit.lab.runs import REPO_ROOT
+    from labkit.studies import reasoning, thinking_base
+
+    monkeypatch.setattr(thinking_base, "MEASURE_CHAINS_PER_K", 1)
+    monkeypatch.setattr(thinking_base, "PROFILE_CHAINS_PER_K", 1)
+    cfg = ReasoningConfig(prompts_per_iteration=2, G=4, iterations=1, train_chains_per_k=4)
+    loop = reasoning.new_loop(reasoning.get_run("from_rare_2"), cfg,
+                              REPO_ROOT / "runs" / "tiny" / "warm_start" / "model.safetensors")
+    before = {k: v.clone() for k, v in loop.model.state_dict().items()}
+    out = bench.bench_worked_iteration(loop, repeats=1, peak_flops=1e10)
+    assert out["loss_diff"] <= 2e-4 and out["grad_diff"] <= 5e-4
+    for path in bench.UPDATE_PATHS:
+        stages = out[path]["stages"]
+        assert set(stages) == {"batch", "reference forward", "policy forward", "loss", "backward", "step"}
+        assert out[path]["update_s"] == pytest.approx(sum(stages.values()))
+    assert all((loop.model.state_dict()[k] == v).all() for k, v in before.items())  # the loop's state put back
+    assert "a worked iteration: today" in capsys.readouterr().out

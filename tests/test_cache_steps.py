@@ -14,7 +14,7 @@ def _verdicts(stale: set[str]) -> dict:
 
 @pytest.mark.parametrize("stale, expected", [
     ({"base"}, ["base", "warm_start", "sft", "grpo", "evaluation", "group_size", "reward_model", "format_base",
-                "grpo_large", "overoptimisation", "gradient_study", "thinking", "reasoning"]),
+                "grpo_large", "overoptimisation", "gradient_study", "thinking", "reasoning", "skill_test"]),
     ({"warm_start"}, ["warm_start", "sft", "grpo", "evaluation", "group_size", "reward_model", "grpo_large",
                       "overoptimisation", "gradient_study"]),
     ({"grpo_large"}, ["grpo_large"]),
@@ -26,7 +26,7 @@ def _verdicts(stale: set[str]) -> dict:
     ({"evaluation"}, ["evaluation", "group_size"]),
     ({"group_size"}, ["group_size"]),
     ({"gradient_study"}, ["gradient_study"]),
-    ({"thinking"}, ["thinking", "reasoning"]),
+    ({"thinking"}, ["thinking", "reasoning", "skill_test"]),
     ({"reasoning"}, ["reasoning"]),
     (set(), []),
 ])
@@ -58,7 +58,19 @@ def test_the_base_leaves_out_only_modules_it_reaches_and_says_why():
     reached = {key.partition(":")[0] for key in SOURCES.reach(list(steps.get_step("base").entries))}
     assert set(steps.BASE_UNRECORDED) <= reached
     assert steps.BASE_UNRECORDED_WHY
-    assert all(not s.unrecorded for s in steps.STEPS if s.name != "base")
+    assert all(not s.unrecorded for s in steps.STEPS if s.name not in ("base", "thinking"))
+
+
+def test_the_thinking_bases_leave_out_only_the_run_folders_plumbing_and_say_why():
+    """The thinking step's one exception (steps.THINKING_UNRECORDED_WHY): labkit.lab.runs, which it reaches; every
+    module that computes a base (the corpus, the phases, the samplers, the model) is in its fingerprint."""
+    step = steps.get_step("thinking")
+    reached = {key.partition(":")[0] for key in SOURCES.reach(list(step.entries))}
+    assert step.unrecorded == steps.THINKING_UNRECORDED == ("labkit.lab.runs",) and "labkit.lab.runs" in reached
+    assert steps.THINKING_UNRECORDED_WHY
+    recorded = {key.partition(":")[0] for key in cache.code_fingerprint(step, SOURCES)}
+    assert {"labkit.studies.thinking_base", "labkit.train.corpus", "labkit.eval.think_profile",
+            "labkit.models.presets"} <= recorded and "labkit.lab.runs" not in recorded
 
 
 def test_no_module_below_the_commands_names_a_higher_layers_file():

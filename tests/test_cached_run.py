@@ -98,16 +98,17 @@ def test_the_base_was_pretrained_on_a_corpus_free_of_dataset_problems():
     assert manifest["corpus"]["problems_checked"] > 0
 
 
-def test_the_committed_cache_stays_under_40_mb():
-    """Five tiny models of 4.2 MB each (base, format base, warm start, SFT, GRPO: 21 MB) are half of it;
-    the models of the sweeps, of G = 2 and 8 and of chapter 11 are not committed (their manifests record
-    each one's digest)."""
+def test_the_committed_cache_stays_under_50_mb():
+    """DESIGN.md's budget for the committed cache: under 50 MB.  Eight tiny models of 4.2 MB each (base, format
+    base, warm start, SFT, GRPO, and chapter 11's thinking bases rare_0, rare_2 and control, which its live run
+    starts from: 34 MB) are most of it; the models of the sweeps, of G = 2 and 8, of the skill base, rare_10 and
+    chapter 11's runs are not committed (their manifests record each one's digest: `cache fill` rebuilds them)."""
     files = subprocess.run(["git", "ls-files", "runs/tiny"], cwd=REPO_ROOT, capture_output=True, text=True,
                            check=True).stdout.split()
     if not files:
         pytest.skip("not a git checkout with the cache committed")
     size = sum((REPO_ROOT / f).stat().st_size for f in files if (REPO_ROOT / f).is_file())
-    assert size < 40 * 2**20, f"committed cache is {size / 2**20:.1f} MB"
+    assert size < 50 * 2**20, f"committed cache is {size / 2**20:.1f} MB"
 
 
 @pytest.mark.parametrize("policy", ["sft", "grpo"])

@@ -526,3 +526,32 @@ def test_a_full_disk_ends_the_run_in_one_line_naming_the_file(small_filesystem, 
     err = capsys.readouterr().err
     assert re.fullmatch(rf"error: {re.escape(str(folder))}/\S+: no space left on device", err.strip()), err
     assert not list(folder.rglob("*.tmp")), "the half-written file was removed"
+
+
+def test_a_second_thread_of_one_process_cannot_write_where_the_first_does(tmp_path):
+    """Issue 58, item 1: a Dask worker runs tasks in threads of one process; a rerun's task landed beside the
+    first one's, and the folder's lock, held by the process, let the second writer in."""
+    import threading
+
+    from labkit.lab.runs import RunFolderBusyError, hold_folder, release_folder
+
+    folder = tmp_path / "run"
+    folder.mkdir()
+    hold_folder(folder)
+    hold_folder(folder)  # the holding thread may take it again
+    refused = []
+
+    def second_writer():
+        try:
+            hold_folder(folder)
+        except RunFolderBusyError as err:
+            refused.append(str(err))
+
+    thread = threading.Thread(target=second_writer)
+    thread.start()
+    thread.join()
+    release_folder(folder)
+    assert refused and "another thread of this process" in refused[0]
+    thread = threading.Thread(target=lambda: (hold_folder(folder), release_folder(folder)))  # free again: taken
+    thread.start()
+    thread.join()

@@ -184,8 +184,8 @@ def test_a_function_added_to_every_module_changes_nothing(edited_copy, tmp_path)
 @pytest.mark.parametrize("module, old, new, stale, rebuilt", [
     # chapters 2-3's study alone runs it
     ("studies/gradient_study.py", "def batch_gradients(", None, {"gradient_study"}, ["gradient_study"]),
-    # the thinking bases' builder: chapter 11's GRPO runs are built from its outputs
-    ("studies/thinking_base.py", "def run_all(", None, {"thinking"}, ["thinking", "reasoning"]),
+    # the thinking bases' builder: chapter 11's GRPO runs and its skill test are built from its outputs
+    ("studies/thinking_base.py", "def run_all(", None, {"thinking"}, ["thinking", "reasoning", "skill_test"]),
     # the clipped surrogate: every step that trains with GRPO, and what is built from them
     ("grpo/losses.py", "def clipped_surrogate(", None,
      {"grpo", "group_size", "grpo_large", "overoptimisation", "gradient_study", "reasoning"},

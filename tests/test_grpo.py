@@ -197,7 +197,13 @@ def test_the_rollouts_of_a_resumed_run_are_byte_identical_to_the_continuous_run(
     run(folder, start_file, stop_after=2, save_states_at=(1,))
     run(folder, start_file, resume_from=loop.state_path(folder, 1))  # back to iteration 1: 2 is redone
     assert (folder / "rollouts.jsonl.gz").read_bytes() == (continuous[0] / "rollouts.jsonl.gz").read_bytes()
-    assert [t["iteration"] for t in loop.read_timings(folder)] == [1, 2, 3]
+    timings = loop.read_timings(folder)
+    assert [t["iteration"] for t in timings] == [1, 2, 3]
+    # each rollout's time, beside the rows and never in them (issue 57: the source protocol asks for it)
+    rows = loop.read_rollouts(folder)
+    assert [len(t["rollout_seconds"]) for t in timings] == [sum(r["iteration"] == t["iteration"] for r in rows)
+                                                          for t in timings]
+    assert all(s > 0 for t in timings for s in t["rollout_seconds"]) and "seconds" not in rows[0]
 
 
 def test_a_finished_run_named_through_a_missing_folder_is_still_refused(continuous, start_file):

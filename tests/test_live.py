@@ -50,3 +50,21 @@ def test_live_refuses_iterations_outside_the_committed_run(tmp_path, capsys, ite
     assert capsys.readouterr().err.strip() == f"error: iterations {iterations}: must be an integer in 1..100 " \
                                                "(the committed run's)"
     assert not (tmp_path / "x").exists()
+
+
+def test_chapter_11s_options_are_refused_for_the_protocols_live_run(tmp_path, capsys):
+    assert cli.main(["live", "grpo", "--base", "rare_0", "--run-dir", str(tmp_path / "x")]) == 2
+    assert capsys.readouterr().err.strip() == ("error: --base, --group-size and --beta are chapter 11's: "
+                                               "`python -m labkit live reasoning`")
+    assert not (tmp_path / "x").exists()
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--base", "rare_5"], "base 'rare_5': chapter 11's outcome runs start from rare_0, rare_2, rare_10, control"),
+    (["--iterations", "41"], "iterations 41: must be an integer in 1..40 (the committed runs')"),
+    (["--group-size", "1"], "G 1, beta 0.02: a group needs G >= 2, and beta is a KL weight >= 0"),
+])
+def test_chapter_11s_live_run_refuses_bad_settings_in_one_line(tmp_path, capsys, argv, message):
+    assert cli.main(["live", "reasoning", *argv, "--run-dir", str(tmp_path / "x")]) == 2
+    assert capsys.readouterr().err.strip() == f"error: {message}"
+    assert not (tmp_path / "x").exists()

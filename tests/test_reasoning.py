@@ -5,7 +5,6 @@ verifier; and the committed bases and runs, every response re-scored from its te
 alone, every logged rate recomputed from the rows.
 """
 
-import gzip
 import json
 import re
 
@@ -16,6 +15,7 @@ from labkit.train import corpus
 from labkit.studies import reasoning, thinking_base
 from labkit.eval import think_profile
 from labkit.task import worked
+from labkit.grpo.loop import read_rollouts
 from labkit.lab.runs import REPO_ROOT, RunFolder
 from labkit.models.tokenizer import load_tiny_tokenizer
 
@@ -110,7 +110,7 @@ def test_grpo_never_trains_on_a_chain_it_is_measured_on():
     validation, test, drawn = [{worked.chain_key(c) for cs in s.values() for c in cs} for s in sets]
     assert [len(validation), len(test), len(drawn)] == [96, 200, 800]
     assert not (test & validation) and not (test & drawn) and len(validation & drawn) == 1  # a k = 1 chain
-    pool = {worked.chain_key(p["chain"]) for p in reasoning.chain_pool(thinking_base.TRAIN_CHAINS_PER_K)}
+    pool = {worked.chain_key(p["problem"]) for p in reasoning.chain_pool(thinking_base.TRAIN_CHAINS_PER_K)}
     assert len(pool) == 799 and not (pool & (validation | test))
     assert not ((validation | test | drawn) & corpus.dataset_keys())
 
@@ -139,9 +139,7 @@ def test_each_committed_base_s_profile_rescores_from_its_texts(name):
 
 
 def read_rows(name: str) -> list[dict]:
-    folder = RunFolder(REASONING / name)
-    folder.check_file("rollouts.jsonl.gz")
-    return [json.loads(line) for line in gzip.decompress((folder / "rollouts.jsonl.gz").read_bytes()).splitlines()]
+    return read_rollouts(REASONING / name)  # checked against the run's ledger
 
 
 @pytest.mark.parametrize("name", reasoning.RUN_NAMES)
@@ -149,7 +147,7 @@ def test_each_committed_run_rescores_from_its_rows_and_its_history_recomputes(na
     run = reasoning.get_run(name)
     manifest = RunFolder(REASONING / name).manifest()
     rows = read_rows(name)
-    cfg = manifest["config"]
+    cfg = manifest["reasoning_config"]
     assert len(rows) == cfg["iterations"] * cfg["prompts_per_iteration"] * cfg["G"]
     reward = reasoning.REWARDS[run.reward]
     for r in rows:

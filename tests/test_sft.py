@@ -257,3 +257,16 @@ def test_a_first_ctrl_c_mid_epoch_saves_an_autosave_that_resumes_to_the_continuo
     assert read_json(folder / "history.json") == read_json(root / "real" / "history.json")
     # the state it resumed from stays, named by the manifest (as GRPO's does)
     assert state_file.exists() and manifest["resumed_from"]["path"] == str(state_file)
+
+
+def test_the_resume_report_states_the_digests_of_the_states_it_does_not_keep(checked):
+    """Issue 57: the stop-boundary and resumed-end states are scratch, wiped; the report keeps their SHA-256 (and
+    the continuous end's), each the digest of the file compared."""
+    from labkit.lab.runs import sha256_file
+
+    root, report = checked
+    digests = report["state_sha256"]
+    assert set(digests) == {"continuous_end", "stop_boundary", "resumed_end"}
+    assert digests["continuous_end"] == sha256_file(root / "real" / report["continuous_state"])
+    assert digests["stop_boundary"] == sha256_file(root / "scratch" / "stop" / "states" / "epoch-1.pt.gz")
+    assert all(len(d) == 64 for d in digests.values())

@@ -49,7 +49,9 @@ def tiny():
 
 @pytest.fixture(scope="module")
 def qwen_shaped():
-    config = smoke.smoke_model_config(layers=2)
+    # Qwen's width and head geometry (14 query heads of 64 on 2 key-value heads, biased projections) on one
+    # layer (the tiny model's tests above cover a stack of layers) and 8,192 vocabulary entries
+    config = smoke.smoke_model_config(layers=1)
     config.vocab_size = 8192
     return smoke.random_model(config, seed=0, device="cpu")
 
@@ -153,15 +155,21 @@ def _within(measured, tolerance):
     return all(measured[k] <= tolerance[k] for k in tolerance)
 
 
-def test_tiny_float32_matches_the_plain_path(tiny, rows):
+# Each prompt once, the responses in one batch (`shared`) or in buckets of similar length (`bucketed`, below).
+SHARED_PATHS = {"shared": ("_shared", "_shared_head64"), "bucketed": ("_bucketed", "_bucketed_head64")}
+
+
+@pytest.mark.parametrize("path", SHARED_PATHS)
+def test_tiny_float32_matches_the_plain_path(tiny, rows, path):
     model, _ = tiny
-    measured = _agreement(model, rows)
+    measured = _agreement(model, rows, shared=globals()[SHARED_PATHS[path][0]])
     assert _within(measured, F32), measured
 
 
-def test_tiny_float64_matches_the_plain_path_to_float64_rounding(tiny, rows, exact_float64):
+@pytest.mark.parametrize("path", SHARED_PATHS)
+def test_tiny_float64_matches_the_plain_path_to_float64_rounding(tiny, rows, exact_float64, path):
     model = copy.deepcopy(tiny[0]).double()
-    measured = _agreement(model, rows, _plain_head64, _shared_head64)
+    measured = _agreement(model, rows, _plain_head64, globals()[SHARED_PATHS[path][1]])
     assert _within(measured, F64_EXACT), measured
 
 
@@ -232,3 +240,49 @@ def test_benchmark_reports_both_paths(tiny, rows):
                            "max_abs_logp_diff"}
     assert report["rows"] == 12 and report["max_abs_logp_diff"] <= F32["logp"]
     assert all(p.grad is None for p in model.parameters())
+
+
+# -- Bucketed responses: the same function, the responses run in buckets of similar length -----------
+
+def test_buckets_take_rows_longest_first_and_close_at_the_token_budget():
+    # lengths 3, 9, 1, 7, 7 at 16 tokens: 9 and 7 fill 2 x 8; 7 and 3 fill 2 x 6; 1 alone
+    assert shared_prompt.buckets([3, 9, 1, 7, 7], 16) == [[1, 3], [4, 0], [2]]
+    assert shared_prompt.buckets([5, 5], 1) == [[0], [1]]  # a bucket holds at least one row
+    assert sorted(b for bucket in shared_prompt.buckets([4, 2, 8, 1, 6, 6, 3], 12) for b in bucket) == list(range(7))
+    with pytest.raises(ValueError, match="bucket_tokens 0"):
+        shared_prompt.buckets([3], 0)
+
+
+BUCKET_TOKENS = 8  # the fixture's responses (three each of 9, 7, 3 and 1 tokens): 9s and 7s alone, 3s + a 1, 1s
+
+
+def _bucketed(model, prompts, responses, G, pad_id):
+    logp, logits = shared_prompt.shared_response_logprobs(model, prompts, responses, G, pad_id, return_logits=True,
+                                                          bucket_tokens=BUCKET_TOKENS)
+    mask = scoring.make_batch([prompts[b // G] for b in range(len(responses))], responses, pad_id).response_mask
+    return logp, logits, mask
+
+
+def _bucketed_head64(model, prompts, responses, G, pad_id):
+    hidden, ids, mask = shared_prompt.shared_response_hidden(model, prompts, responses, G, pad_id,
+                                                             bucket_tokens=BUCKET_TOKENS)
+    return _head64(model, hidden, ids, mask)
+
+
+def test_the_fixtures_responses_run_in_eight_buckets(rows):
+    """So that the bucketed path's agreement above is tested across buckets, not within one."""
+    assert len(shared_prompt.buckets([len(r) for r in rows[1]], BUCKET_TOKENS)) == 8
+
+
+def test_worked_length_rows_are_refused_by_the_protocols_limits_and_taken_by_their_own(tiny, rows):
+    model, _ = tiny
+    prompts, responses, G, pad_id = rows
+    long = [list(r) * 20 for r in responses]  # up to 180 tokens
+    long = [r[:160] for r in long]
+    with pytest.raises(ValueError, match="more than the limit of 64"):
+        shared_prompt.shared_response_logprobs(model, prompts, long, G, pad_id)
+    with torch.no_grad():
+        one, _ = shared_prompt.shared_response_logprobs(model, prompts, long, G, pad_id, limits=(256, 160, 416))
+        bucketed, _ = shared_prompt.shared_response_logprobs(model, prompts, long, G, pad_id, limits=(256, 160, 416),
+                                                              bucket_tokens=256)
+    assert bucketed.shape == (len(long), 160) and float((one - bucketed).abs().max()) <= F32["logp"]

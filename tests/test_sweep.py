@@ -228,10 +228,13 @@ def test_the_committed_chapter10_sweep_is_complete_and_rescored_exactly():
         for r in rows:
             v = verifier.score(r["text"], r["finish_reason"], problems[r["problem_id"]], r["tokenization_valid"])
             assert float(v.reward) == r["reward"]
-        if spec["options"]["reward"] == "learned":
+        if spec["options"]["reward"] in ("learned", "learned_guarded"):
             assert {r["optimised_reward"] for r in rows} <= {0.0, 1.0}
             assert read_json(Path(spec["folder"]) / "manifest.json")["identity"]["reward_model_sha256"] == \
                 spec["reward_model_sha256"]
+            if spec["options"]["reward"] == "learned_guarded":  # the guard pays no malformed answer
+                assert all(r["optimised_reward"] == 0.0 for r in rows if not verifier.score(
+                    r["text"], r["finish_reason"], problems[r["problem_id"]], r["tokenization_valid"]).valid)
         else:
             assert all(r["optimised_reward"] == r["reward"] for r in rows)
 

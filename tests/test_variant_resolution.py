@@ -106,12 +106,13 @@ def test_resolve_adds_the_length_penalty_only_when_asked():
 
 def test_a_learned_reward_needs_its_verifier_passed_in_and_only_it_takes_one():
     from labkit.grpo import core
+    from labkit.grpo.loop import PROTOCOL_TASK
     from labkit.models import presets
     from labkit.config import TINY
 
     tokenizer = presets.load_tiny_tokenizer()
     model, reference = presets.new_tiny_model(0, tokenizer), presets.new_tiny_model(0, tokenizer)
-    start = dict(start_label="test", sampler="reference", device="cpu")
+    start = dict(start_label="test", sampler="reference", device="cpu", task=PROTOCOL_TASK)
     with pytest.raises(ValueError, match="reward 'learned' needs the learned verifier: pass learned_verifier="):
         variants.resolve(Variant(reward="learned"), TINY)
     with pytest.raises(ValueError, match="reward 'verifier' takes no learned verifier"):
@@ -140,3 +141,21 @@ def test_the_logged_measures_ignore_the_losss_reduction(kl):
     if kl == "exact":  # the penalty is the constant reduction of the same per-prefix values
         values = variants.losses.exact_prefix_kl(logits_cur.detach(), logits_ref, 4096)
         assert float(penalty.detach()) == pytest.approx(float(values[mask].sum()) / (2 * 8), rel=1e-12)
+
+
+def test_the_guarded_learned_reward_pays_only_schema_valid_answers():
+    """Issue 57: chapter 10's proxy paid `{"final": 6}`; the source design's format guard zeroes what is not a
+    schema-valid answer, and leaves the proxy's yes/no on the others."""
+    from types import SimpleNamespace
+
+    class Proxy:
+        def rewards(self, prompts, responses):
+            return torch.tensor([1.0, 1.0, 0.0, 1.0]), None  # the proxy says yes to three of four
+
+    verdict = lambda valid: SimpleNamespace(valid=valid)  # noqa: E731
+    rollout = SimpleNamespace(prompt_ids=[1], response_ids=[2])
+    groups = [SimpleNamespace(rollouts=[rollout] * 2, verdicts=[verdict(True), verdict(False)]),
+              SimpleNamespace(rollouts=[rollout] * 2, verdicts=[verdict(True), verdict(True)])]
+    assert variants.learned_reward(groups, verifier=Proxy()).tolist() == [[1.0, 1.0], [0.0, 1.0]]
+    assert variants.guarded_learned_reward(groups, verifier=Proxy()).tolist() == [[1.0, 0.0], [0.0, 1.0]]
+    assert variants.needs_learned_verifier(Variant(reward="learned_guarded"))

@@ -5,7 +5,7 @@ import json
 import pytest
 import torch
 
-from labkit.grpo import core, loop, losses
+from labkit.grpo import core, loop, losses, variants
 from labkit.models import presets
 from labkit.lab import state as state_lib
 from labkit.config import TINY
@@ -45,7 +45,7 @@ def test_options_are_checked_by_name():
         Variant(objective="gspo", reduction="token")
     with pytest.raises(ValueError, match="overlong_filter drops responses' tokens from a token-level reduction"):
         Variant(overlong_filter=True)
-    with pytest.raises(ValueError, match="objective 'rft' learns by cross-entropy"):
+    with pytest.raises(ValueError, match="objective 'rft' ignores dynamic_sampling=True"):
         Variant(objective="rft", dynamic_sampling=True)
     with pytest.raises(ValueError, match="needs random_reward_p"):
         Variant(reward="random")
@@ -224,3 +224,25 @@ def test_a_float8_sampler_is_reported_and_logp_old_follows_the_switch(tmp_path, 
             assert 0 < mismatch["tis_weight_mean"] <= tis_cap and 0 <= mismatch["tis_capped"] <= 1
     # the rollouts were sampled by the rounded copy, and say so
     assert {r["policy_digest"] for r in rows if r["iteration"] == 1} != {manifest["reference_digest"]}
+
+
+# A switch each objective never reads, set to a value other than its default (a value that passes the
+# switch's own checks), for every objective: each is refused, naming the switch and the objective.
+NON_DEFAULT = {"baseline": "none", "scale_by_std": False, "clip_eps_high": 0.28, "overlong_filter": True,
+               "dynamic_sampling": True, "reward": "format", "random_reward_p": 0.5, "length_penalty": 0.1}
+
+
+@pytest.mark.parametrize("objective, name", [(o, n) for o, names in variants.IGNORED_BY.items() for n in names])
+def test_every_switch_an_objective_ignores_is_refused_by_name(objective, name):
+    with pytest.raises(ValueError, match=rf"variant objective '{objective}' ignores {name}="):
+        Variant(objective=objective, **{name: NON_DEFAULT[name]})
+
+
+def test_gspo_refuses_clip_higher_and_cispo_reads_it():
+    with pytest.raises(ValueError, match=r"objective 'gspo' ignores clip_eps_high=0.28 \(its clip is the paper's"):
+        Variant(objective="gspo", clip_eps_high=0.28)
+    assert Variant(objective="cispo", clip_eps_high=0.28).clip_eps_high == 0.28  # CISPO's weight cap is 1 + it
+
+
+def test_every_objective_has_its_list_of_ignored_switches():
+    assert set(variants.IGNORED_BY) == set(variants.OBJECTIVES)

@@ -313,14 +313,119 @@ def bench_worked(repeats: int) -> dict | None:
     print(f"    the floor: {2 * macs / 1e6:.2f} MFLOP a token at a {context}-token context; the arithmetic of "
           f"these tokens at this machine's matmul rate takes {floor * 1e3:.1f} ms, the static sampler "
           f"{seconds['static'] / floor:.0f}x that")
-    start = time.perf_counter()
-    sampled = reasoning.sample_iteration(loop, 1, reasoning.REWARDS["outcome"])
-    middle = time.perf_counter()
-    core.update_iteration(loop, sampled)
-    total = time.perf_counter() - start
-    print(f"    one worked iteration (labkit.studies.reasoning, {reasoning.SAMPLER} sampler): {total:.2f} s, sampling "
-          f"{sampled.seconds:.2f} s ({sampled.seconds / total:.0%}), updates {total - (middle - start):.2f} s")
-    return {"seconds": seconds, "tokens": tokens, "floor_s": floor, "iteration_s": total, "sampling_s": sampled.seconds}
+    iteration = bench_worked_iteration(loop, repeats, peak)
+    return {"seconds": seconds, "tokens": tokens, "floor_s": floor, **iteration}
+
+
+# The update of a worked iteration, stage by stage (`bench_worked_iteration`).  "today" is the path every
+# reasoning run took up to December 2026 (each row its full prompt, every response padded to the batch's
+# longest); "bucketed" is today's (each prompt once, responses in buckets of similar length).
+UPDATE_PATHS = {"today": dict(shared_prompts=False, bucket_tokens=None),
+                "bucketed": dict(shared_prompts=True, bucket_tokens=shared_prompt.BUCKET_TOKENS)}
+
+
+def _update_stages(loop, sampled) -> tuple[dict, list[dict], list[torch.Tensor]]:
+    """({stage: seconds}, the updates' metrics, the first update's gradients): `core.update_iteration`'s
+    work on `sampled`, one stage at a time, with the loop's scoring path (the same calls, in its order)."""
+    from ..train.schedule import warmup_linear_decay
+
+    config, G, resolved, model = loop.config, loop.G, loop.resolved, loop.model
+    rollouts_ = sampled.rollouts
+    prompts, responses = [r.prompt_ids for r in rollouts_], [r.response_ids for r in rollouts_]
+    limit = max(config.max_new_tokens, scoring.MAX_NEW_TOKENS)
+    limits = (config.max_prompt_tokens, limit, config.max_prompt_tokens + limit)
+    times = dict.fromkeys(("batch", "reference forward", "policy forward", "loss", "backward", "step"), 0.0)
+    t = time.perf_counter()
+    batch = scoring.make_batch(prompts, responses, pad_id=loop.tokenizer.pad_token_id, limits=limits)
+    logp_old = core.padded([r.logp_old for r in rollouts_], batch.response_mask.shape[1])
+    scorer = (core.shared_prompt_scorer(prompts, responses, G, loop.tokenizer.pad_token_id, limits=limits,
+                                        bucket_tokens=loop.bucket_tokens)
+              if loop.shared_prompts else core.plain_scorer(batch))
+    times["batch"] += time.perf_counter() - t
+    t = time.perf_counter()
+    ref_scores = core.reference_scores(loop.reference, batch, scorer)
+    times["reference forward"] += time.perf_counter() - t
+    metrics, gradients = [], []
+    for k in range(resolved.updates_per_iteration):
+        lr = warmup_linear_decay(loop.next_update, loop.total_updates, config.grpo_lr, config.warmup_fraction,
+                                 config.final_lr_fraction)
+        loop.optimizer.zero_grad(set_to_none=True)
+        t = time.perf_counter()
+        logp_cur, logits_cur = scorer(model)
+        times["policy forward"] += time.perf_counter() - t
+        t = time.perf_counter()
+        loss, m = core.grpo_loss(logp_cur, logits_cur, ref_scores, batch.response_mask, logp_old,
+                                 sampled.advantages, G, config, resolved)
+        times["loss"] += time.perf_counter() - t
+        t = time.perf_counter()
+        loss.backward()
+        times["backward"] += time.perf_counter() - t
+        if k == 0:
+            gradients = [p.grad.detach().clone() for p in model.parameters()]
+        t = time.perf_counter()
+        for group in loop.optimizer.param_groups:
+            group["lr"] = lr
+        torch.nn.utils.clip_grad_norm_(list(model.parameters()), config.grad_clip)
+        loop.optimizer.step()
+        times["step"] += time.perf_counter() - t
+        loop.next_update += 1
+        metrics.append(m)
+    return times, metrics, gradients
+
+
+def bench_worked_iteration(loop, repeats: int, peak_flops: float) -> dict:
+    """One worked iteration from the skill base: sampled once (the static sampler), then its update by each
+    path in `UPDATE_PATHS` from the same weights and optimiser state (restored between them), stage by stage;
+    the updates' losses and first gradients compared; both against the arithmetic floor of the tokens the
+    batch holds (each prompt once, each response token once: forward + 2 x backward per update, one
+    reference forward), at this machine's matmul rate."""
+    import copy
+
+    from ..studies import reasoning
+
+    t = time.perf_counter()
+    sampled = reasoning.sample_iteration(loop, 0)
+    sampling_s = time.perf_counter() - t
+    saved = (copy.deepcopy(loop.model.state_dict()), copy.deepcopy(loop.optimizer.state_dict()), loop.next_update)
+    results = {}
+    for i in range(repeats):
+        for name, options in (list(UPDATE_PATHS.items()) if i % 2 == 0 else list(UPDATE_PATHS.items())[::-1]):
+            loop.model.load_state_dict(saved[0])
+            loop.optimizer.load_state_dict(saved[1])
+            loop.next_update, loop.shared_prompts, loop.bucket_tokens = saved[2], options["shared_prompts"], \
+                options["bucket_tokens"]
+            times, metrics, gradients = _update_stages(loop, sampled)
+            if name not in results or sum(times.values()) < sum(results[name][0].values()):
+                results[name] = (times, metrics, gradients)
+    loop.model.load_state_dict(saved[0])
+    loop.optimizer.load_state_dict(saved[1])
+    rollouts_ = sampled.rollouts
+    responses = sum(len(r.response_ids) for r in rollouts_)
+    prompt_tokens = sum(len(p) for p in {tuple(r.prompt_ids) for r in rollouts_})
+    context = prompt_tokens // len({tuple(r.prompt_ids) for r in rollouts_}) + responses // (2 * len(rollouts_))
+    updates = loop.resolved.updates_per_iteration
+    flops = 2 * multiply_adds_per_token(loop.model, context) * (prompt_tokens + responses) * (1 + 3 * updates)
+    floor = flops / peak_flops
+    print(f"    one worked iteration: sampling {sampling_s:.2f} s ({len(rollouts_)} responses, {responses} tokens); "
+          f"its {updates} updates from the same state by each path (best of {repeats}):")
+    out = {"sampling_s": sampling_s, "floor_update_s": floor}
+    for name, (times, _, _) in results.items():
+        total = sum(times.values())
+        stages = ", ".join(f"{stage} {s:.2f}" for stage, s in times.items())
+        print(f"    {name:<9} update {total:6.2f} s = {stages}; {total / floor:.1f}x its floor; "
+              f"{1e6 * total / responses:.0f} us a response token")
+        out[name] = {"update_s": total, "iteration_s": sampling_s + total, "stages": times}
+    (_, today_metrics, today_grads), (_, new_metrics, new_grads) = results["today"], results["bucketed"]
+    loss_diff = max(abs(a["loss"] - b["loss"]) for a, b in zip(today_metrics, new_metrics))
+    grad_diff = max(float((a - b).abs().max() / b.abs().max().clamp_min(1e-30)) for a, b in zip(today_grads, new_grads))
+    ratio = out["today"]["iteration_s"] / out["bucketed"]["iteration_s"]
+    print(f"    the floor: {floor:.2f} s for {prompt_tokens} prompt + {responses} response tokens at "
+          f"{peak_flops / 1e9:.0f} GFLOP/s; the two paths' losses differ by at most {loss_diff:.1e}, the first "
+          f"update's gradients by {grad_diff:.1e} of each tensor's largest entry")
+    print(f"    a worked iteration: today {out['today']['iteration_s']:.2f} s, bucketed "
+          f"{out['bucketed']['iteration_s']:.2f} s: {ratio:.2f}x, at {torch.get_num_threads()} thread(s)")
+    out.update(ratio=ratio, loss_diff=loss_diff, grad_diff=grad_diff)
+    return out
 
 
 def run(argv: list[str] | None = None) -> dict:

@@ -5,7 +5,9 @@
     variants           the objective's switches, as tables, resolved once into what the loop uses
     metrics            every name the lab logs, documented once
     core               one iteration: sample, score, advantages, the objective, the update
-    loop               the run around the iterations: its folder, states, autosave, Ctrl-C, resume
+    tasks              what a run asks of the task it learns (its pool, verifier, reward, records)
+    loop               the run around the iterations, for every task: its folder, states, autosave,
+                       Ctrl-C, resume
     checkpoint_curves  the policy on fixed validation prompts at checkpoints of a run
 
 May import: lab, task, config, models, train.

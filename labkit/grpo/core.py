@@ -63,6 +63,12 @@ def load_pool() -> list[dict]:
     return [{**s, **labels[s["id"]]} for s in statements if s["id"] in pool]
 
 
+def protocol_pool(tokenizer, config: PresetConfig) -> tuple[list[dict], dict[str, list[int]]]:
+    """(the pool, {problem id: prompt token ids}): the protocol's task (`labkit.grpo.tasks`)."""
+    pool = load_pool()
+    return pool, {r["id"]: scoring.build_prompt_ids(tokenizer, r["statement"], config.max_prompt_tokens) for r in pool}
+
+
 class PromptOrder:
     """A seeded permutation of the pool, walked with a cursor and redrawn at each new epoch.
 
@@ -101,17 +107,19 @@ class PromptOrder:
 
 
 def sample_groups(model, tokenizer, chosen: list[dict], prompts: dict[str, list[int]], seeds: list[int], G: int,
-                  iteration: int, sampler: str, max_new_tokens: int, stem_tag: str = "") -> list[sampling.Group]:
+                  iteration: int, sampler: str, max_new_tokens: int, task, stem_tag: str = "") -> list[sampling.Group]:
     """G responses to each chosen problem, sampled by the current (= old) policy in one sampler call.
 
     chosen: the iteration's P pool problems; seeds: P x G, prompt-major.  Each group is
-    verified against its problem by `labkit.task.verifier` (the model never sees the labels).
+    verified against its problem by the task's verifier (`labkit.task.verifier` for the protocol;
+    the model never sees the labels) and rewarded by the task's reward (`labkit.grpo.tasks`).
     stem_tag: appended to each group's id stem (dynamic sampling's extra draws: "-d1", ...).
     """
     return sampling.sample_groups(
         model, tokenizer, [(p["id"], prompts[p["id"]], p["problem"]) for p in chosen], G, seeds, sampler=sampler,
         max_new_tokens=max_new_tokens, policy_digest=presets.parameter_digest(model),
         rollout_ids=[f"{stem}{stem_tag}-{j}" for stem in group_stems(chosen, G, iteration) for j in range(G)],
+        verify=task.verify, reward=task.reward,
     )
 
 
@@ -171,11 +179,14 @@ def plain_scorer(batch: scoring.Batch):
     return lambda model: scoring.response_logprobs(model, batch, return_logits=True)
 
 
-def shared_prompt_scorer(prompts: list[list[int]], responses: list[list[int]], G: int, pad_id: int):
+def shared_prompt_scorer(prompts: list[list[int]], responses: list[list[int]], G: int, pad_id: int, *,
+                         limits=scoring.LIMITS, bucket_tokens: int | None = None):
     """scorer(model) -> the same (B, R), (B, R, V) as `plain_scorer`, each of the P prompts computed once
-    for its G responses (`labkit.models.shared_prompt`; equal within float32 rounding).  prompts: P x G rows."""
+    for its G responses (`labkit.models.shared_prompt`; equal within float32 rounding).  prompts: P x G rows.
+    bucket_tokens: the responses run in buckets of similar length, not padded to the longest (None: one batch)."""
     return lambda model: shared_prompt.shared_response_logprobs(model, prompts[::G], responses, G, pad_id,
-                                                                return_logits=True)
+                                                                return_logits=True, limits=limits,
+                                                                bucket_tokens=bucket_tokens)
 
 
 def reference_scores(reference, batch: scoring.Batch, scorer=None) -> tuple[torch.Tensor, torch.Tensor]:
@@ -298,7 +309,9 @@ class Loop:
     total_updates: int
     reference_digest: str
     resolved: Resolved  # the run's variant, resolved once (labkit.grpo.variants.resolve)
+    task: object  # what the run learns: its pool, verifier, reward, records (labkit.grpo.tasks.Task)
     shared_prompts: bool = False  # score each prompt once per group in the updates (labkit.models.shared_prompt)
+    bucket_tokens: int | None = None  # with shared_prompts: responses scored in buckets of similar length
     history: list[dict] = field(default_factory=list)
     consumed: list[str] = field(default_factory=list)
     next_update: int = 0
@@ -330,14 +343,15 @@ class Loop:
 
 
 def new_loop(config: PresetConfig, G: int, total_iterations: int, model, reference, tokenizer, start_digest: str, *,
-             start_label: str, sampler: str, device: str, resolved: Resolved, shared_prompts: bool = False,
-             extra_identity: dict | None = None) -> Loop:
+             start_label: str, sampler: str, device: str, resolved: Resolved, task, shared_prompts: bool = False,
+             bucket_tokens: int | None = None, extra_identity: dict | None = None) -> Loop:
     """Stage 0 after the two loads: AdamW, the pool and its prompts, the seeded streams, the identity.
 
-    resolved: the run's variant, resolved once (`labkit.grpo.variants.resolve`)."""
+    resolved: the run's variant, resolved once (`labkit.grpo.variants.resolve`); task: what the run learns
+    (`labkit.grpo.tasks.Task`: its pool and prompts here)."""
     optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=config.grpo_lr,
                                   weight_decay=config.grpo_weight_decay)
-    pool = load_pool()
+    pool, prompts = task.pool(tokenizer, config)
     identity = {
         "preset": config.name, "config_fingerprint": config.fingerprint(), "G": G,
         "iterations": total_iterations, "sampler": sampler, "device": device,
@@ -345,15 +359,16 @@ def new_loop(config: PresetConfig, G: int, total_iterations: int, model, referen
         "start_digest": start_digest, "pool_ids": [r["id"] for r in pool],
         **resolved.identity,  # {} for the protocol
         **({"scoring": "shared_prompt"} if shared_prompts else {}),  # the plain path stays unnamed
+        **({"bucket_tokens": bucket_tokens} if bucket_tokens is not None else {}),
+        **task.identity,  # {} for the protocol
         **(extra_identity or {}),
     }
     return Loop(config=config, G=G, model=model, reference=reference, tokenizer=tokenizer, optimizer=optimizer,
-                pool=pool, prompts={r["id"]: scoring.build_prompt_ids(tokenizer, r["statement"], config.max_prompt_tokens)
-                                    for r in pool},
+                pool=pool, prompts=prompts,
                 order=PromptOrder(len(pool), config.seed + PROMPT_ORDER_SEED_OFFSET),
                 generation=torch.Generator().manual_seed(config.seed + GENERATION_SEED_OFFSET), identity=identity,
                 total_updates=total_iterations * resolved.updates_per_iteration, reference_digest=start_digest,
-                resolved=resolved, shared_prompts=shared_prompts)
+                resolved=resolved, task=task, shared_prompts=shared_prompts, bucket_tokens=bucket_tokens)
 
 
 # -- 5. One iteration: sampling (stages 1-3), updating (4-5), the record (6) --------------------
@@ -397,7 +412,7 @@ def sample_iteration(loop: Loop, iteration: int, sampler: str, chosen: list[dict
     t0 = time.perf_counter()
     policy = loop.resolved.sampling_policy(loop.model)  # the policy itself, or a rounded copy of it
     groups = sample_groups(policy, loop.tokenizer, chosen, loop.prompts, seeds, G, iteration, sampler,
-                           config.max_new_tokens)
+                           config.max_new_tokens, loop.task)
     optimised = loop.resolved.optimised_reward(groups)  # (P, G): the verifier's rewards, or the variant's
     # the variant's groups: these (the protocol), or with silent groups replaced (dynamic sampling)
     chosen, groups, optimised, dynamic = loop.resolved.refill(
@@ -420,7 +435,7 @@ def draw_and_sample(loop: Loop, policy, iteration: int, sampler: str,
     (`variants.refill_silent_groups`)."""
     chosen, seeds = draw_prompts(loop)
     groups = sample_groups(policy, loop.tokenizer, chosen, loop.prompts, seeds, loop.G, iteration, sampler,
-                           loop.config.max_new_tokens, stem_tag=stem_tag)
+                           loop.config.max_new_tokens, loop.task, stem_tag=stem_tag)
     return chosen, groups, loop.resolved.optimised_reward(groups)
 
 
@@ -473,7 +488,8 @@ def update_iteration(loop: Loop, s: Sampled) -> tuple[list[dict], dict]:
         batch = scoring.make_batch(prompts, responses, pad_id=loop.tokenizer.pad_token_id, limits=limits)
         loss_mask = None if kept is None else batch.response_mask * kept[:, None].to(batch.response_mask.dtype)
         logp_old = padded([r.logp_old for r in rollouts], batch.response_mask.shape[1]) if on_rollouts else None
-        scorer = (shared_prompt_scorer(prompts, responses, G, loop.tokenizer.pad_token_id)
+        scorer = (shared_prompt_scorer(prompts, responses, G, loop.tokenizer.pad_token_id, limits=limits,
+                                       bucket_tokens=loop.bucket_tokens)
                   if loop.shared_prompts and on_rollouts else plain_scorer(batch))
         ref_scores = reference_scores(loop.reference, batch, scorer)
         weights = None  # (B, R) truncated importance sampling's, or None
@@ -505,7 +521,8 @@ def update_iteration(loop: Loop, s: Sampled) -> tuple[list[dict], dict]:
 
 
 def record_iteration(loop: Loop, iteration: int, s: Sampled, updates: list[dict], check: dict) -> tuple[dict, list[dict]]:
-    """Stage 6: the iteration's log record (appended to the loop's history) and its rollout rows."""
+    """Stage 6: the iteration's log record (`run_iteration` appends it to the loop's history) and its
+    rollout rows (the protocol's; another task records its own: `labkit.grpo.tasks`)."""
     verdicts = s.verdicts
     flat_optimised = s.optimised.reshape(-1)
     rows = [{**rollout_record(r, iteration + 1, verdicts[i], float(s.advantages[i])),
@@ -531,7 +548,6 @@ def record_iteration(loop: Loop, iteration: int, s: Sampled, updates: list[dict]
            for k in ("kl", "entropy", "grad_norm", "learning_rate", "clip_ratio/low_mean", "clip_ratio/high_mean",
                      "clip_ratio/region_mean")},
     }
-    loop.history.append(record)
     return record, rows
 
 
@@ -542,7 +558,11 @@ def run_iteration(loop: Loop, iteration: int, sampler: str) -> tuple[dict, list[
     t0 = time.perf_counter()
     updates, check = update_iteration(loop, sampled)
     t_optimisation = time.perf_counter() - t0
-    record, rows = record_iteration(loop, iteration, sampled, updates, check)
+    record, rows = loop.task.record(loop, iteration, sampled, updates, check)
+    loop.history.append(record)
     timings = {"iteration": iteration + 1, "generation": sampled.seconds, "logprob_check": check["seconds"],
-               "optimisation": t_optimisation - check["seconds"], "iteration_total": time.perf_counter() - t_iteration}
+               "optimisation": t_optimisation - check["seconds"], "iteration_total": time.perf_counter() - t_iteration,
+               # each rollout's generation time, in the rows' order (the source protocol asks for it); wall
+               # clock, so kept here beside the rows, never in them (rollouts.jsonl.gz stays comparable)
+               "rollout_seconds": [r.seconds for r in sampled.rollouts]}
     return record, rows, timings

@@ -25,11 +25,12 @@ from ..lab.runs import (REPO_ROOT, ArtifactError, RunFolder, display_path, is_fi
 from ..lab.runtime import code_digests, data_digests, environment, seed_everything
 from ..lab.runtime import deterministic as deterministic_algorithms
 from ..lab.skeleton import Autosave, DeferredInterrupt, holding, refuse_earlier_attempt, whole_write
-from ..task import data
+from ..task import data, verifier
 from ..config import PresetConfig, get_preset
-from ..models import presets
+from ..models import presets, sampling
 from . import checkpoint_curves
-from .core import Loop, new_loop, run_iteration
+from .core import Loop, new_loop, protocol_pool, record_iteration, run_iteration
+from .tasks import Task
 from .variants import Resolved, Variant, resolve
 
 PROTOCOL = Variant()  # the protocol's loop: every switch at its default
@@ -73,13 +74,16 @@ def load_roles(config: PresetConfig, start_file: Path, device: str) -> tuple[tor
 
 
 def start_loop(config: PresetConfig, G: int, total_iterations: int, start_file: Path, sampler: str,
-               device: str, resolved: Resolved, shared_prompts: bool = False) -> Loop:
-    """Stage 0: the three roles (policy and reference are two loads of one file), AdamW, the pool."""
+               device: str, resolved: Resolved, shared_prompts: bool = False, task: Task | None = None,
+               bucket_tokens: int | None = None) -> Loop:
+    """Stage 0: the three roles (policy and reference are two loads of one file), AdamW, the pool
+    (the task's: default the protocol's, `PROTOCOL_TASK`)."""
     seed_everything(config.seed)
     model, reference, tokenizer, start_digest = load_roles(config, start_file, device)
     label = str(start_file.relative_to(REPO_ROOT)) if start_file.is_relative_to(REPO_ROOT) else str(start_file)
     return new_loop(config, G, total_iterations, model, reference, tokenizer, start_digest, start_label=label,
-                    sampler=sampler, device=device, resolved=resolved, shared_prompts=shared_prompts)
+                    sampler=sampler, device=device, resolved=resolved, task=task or PROTOCOL_TASK,
+                    shared_prompts=shared_prompts, bucket_tokens=bucket_tokens)
 
 
 # -- 6. The run: options, folder, iterations, finish ---------------------------------------------
@@ -152,24 +156,12 @@ def _prepare_folder(folder: RunFolder, loop: Loop, resume_from: Path | None, res
 
 
 def run_grpo(
-    config: PresetConfig | str,
-    run_dir: str | Path | None = None,
-    *,
-    G: int | None = None,
-    iterations: int | None = None,
-    stop_after: int | None = None,
-    save_states_at: tuple[int, ...] = (),
-    resume_from: str | Path | None = None,
-    resume: bool = False,
-    restart: bool = False,
-    sampler: str = "reference",
-    start_file: str | Path | None = None,
-    device: str | None = None,
-    overwrite: bool = False,
-    progress: bool = True,
-    variant: Variant = PROTOCOL,
-    shared_prompts: bool = False,
-    learned_verifier=None,
+    config: PresetConfig | str, run_dir: str | Path | None = None, *,
+    G: int | None = None, iterations: int | None = None, stop_after: int | None = None,
+    save_states_at: tuple[int, ...] = (), resume_from: str | Path | None = None, resume: bool = False,
+    restart: bool = False, sampler: str = "reference", start_file: str | Path | None = None,
+    device: str | None = None, overwrite: bool = False, progress: bool = True, variant: Variant = PROTOCOL,
+    shared_prompts: bool = False, learned_verifier=None, task: Task | None = None, bucket_tokens: int | None = None,
 ) -> dict:
     """Run GRPO into `run_dir`; returns the manifest (or, when stopped early, a summary).
 
@@ -190,6 +182,10 @@ def run_grpo(
     shared_prompts  score each prompt once per group in the reference forward and the updates
                     (`labkit.models.shared_prompt`: equal within float32 rounding, about 3.5x faster at G=8);
                     the protocol's run keeps the plain path, as it keeps the reference sampler
+    bucket_tokens   with shared_prompts, score the responses in buckets of similar length instead of padding
+                    every one to the batch's longest (`shared_prompt.buckets`; worked answers)
+    task            what the run learns (`labkit.grpo.tasks`): default the protocol's, `PROTOCOL_TASK`;
+                    chapter 11's worked answers are `labkit.studies.reasoning.worked_task`
 
     The run's life is `labkit.lab.skeleton`'s: one process writes a run folder at a time; Ctrl-C
     finishes the current iteration, saves its state and raises `skeleton.Interrupted` saying how to
@@ -216,11 +212,11 @@ def run_grpo(
         began = time.perf_counter()
         loop = start_loop(config, G, total_iterations, start_file, sampler,
                           device or presets.default_device(config.name),
-                          resolve(variant, config, learned_verifier), shared_prompts)
+                          resolve(variant, config, learned_verifier), shared_prompts, task, bucket_tokens)
         first_iteration, first_in_folder = _prepare_folder(folder, loop, resume_from, restart or overwrite,
                                                            stop_after)
         state_files = _iterate(folder, loop, first_iteration, end_iteration, save_states_at, sampler, progress,
-                               CheckpointCurves(loop, total_iterations))
+                               loop.task.checkpoints(loop, total_iterations))
         summary = {"iterations_run": [first_iteration, end_iteration], "state_files": state_files,
                    "seconds": time.perf_counter() - began}
         if end_iteration < total_iterations:
@@ -257,9 +253,7 @@ def _iterate(folder: RunFolder, loop: Loop, first_iteration: int, end_iteration:
             if saved:  # stop only where a state was just saved: a Ctrl-C heard later waits for the next one
                 autosave.stop_if_asked(done, end_iteration, newest_state(folder), "iteration", "--resume")
             bar.update(1)
-            bar.set_postfix(reward=f"{record['reward']:.2f}",
-                            kl="no update" if record["kl"] is None else f"{record['kl']:.2e}",
-                            zero_std=f"{record['frac_reward_zero_std']:.2f}")
+            bar.set_postfix(loop.task.postfix(record))
     bar.close()
     autosave.finish()  # the run reached its end: the requested states and the last one stay
     return state_files
@@ -328,8 +322,9 @@ def finish_run(folder: RunFolder, loop: Loop, first_in_folder: int, resume_from:
     write_json(folder / "history.json", loop.history)
     folder.register("model.safetensors")
     folder.register("history.json")
+    extras = loop.task.finish(folder, loop)  # the task's own files (registered) and fields
     manifest = {
-        "step": "grpo",
+        "step": loop.task.step,
         "identity": {k: v for k, v in loop.identity.items() if k != "pool_ids"},
         "config": loop.config.to_dict(),
         "code_sha256": code_digests(),
@@ -341,13 +336,27 @@ def finish_run(folder: RunFolder, loop: Loop, first_in_folder: int, resume_from:
         "updates": loop.next_update,
         "resumed_from": str(resume_from) if resume_from else None,
         "first_iteration_in_folder": first_in_folder,
-        "generated_tokens": sum(len(r["response_ids"]) for r in rows),
+        # the protocol's rows hold each response's token ids, chapter 11's only their count
+        "generated_tokens": sum(r["tokens"] if "tokens" in r else len(r["response_ids"]) for r in rows),
+        **extras,
         "ledger": folder.ledger(),
         **summary,
     }
     write_json(folder / "manifest.json", manifest)
     folder.mark_finished({"final_digest": final_digest})
     return manifest
+
+
+def protocol_postfix(record: dict) -> dict:
+    """The progress bar's figures of a protocol iteration."""
+    return {"reward": f"{record['reward']:.2f}", "kl": "no update" if record["kl"] is None else f"{record['kl']:.2e}",
+            "zero_std": f"{record['frac_reward_zero_std']:.2f}"}
+
+
+# The protocol's task (`labkit.grpo.tasks`): StockArithmetic's pool, its verifier and reward, its records and
+# fixed-prompt curves.  Its identity adds nothing, so a protocol run's states are those it always had.
+PROTOCOL_TASK = Task(step="grpo", pool=protocol_pool, verify=verifier.score, reward=sampling.verdict_reward,
+                     record=record_iteration, checkpoints=CheckpointCurves, postfix=protocol_postfix)
 
 
 def _progress_bar(enabled: bool, start: int, end: int, G: int):

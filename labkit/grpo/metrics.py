@@ -72,6 +72,8 @@ GRPO_TIMINGS = {
     "logprob_check": "seconds comparing the recorded log-probs (its forward is the first update's)",
     "optimisation": "seconds of the reference forward and the updates, the check excluded",
     "iteration_total": "seconds of the whole iteration",
+    "rollout_seconds": "each rollout's generation seconds, in the rows' order (a batched sampler: its batch's "
+                       "time shared evenly)",
     "checkpoint": "seconds of the fixed-prompt checkpoint measured after the iteration (0.0: none was due)",
 }
 

@@ -51,7 +51,9 @@ part of the loop and nothing else:
     reward             "verifier" (the protocol); "random": Bernoulli(random_reward_p), independent
                        of the response (a control); "format": 1 for a schema-valid answer,
                        whatever its value (a control); "learned": the learned verifier's yes/no
-                       (`labkit.studies.reward_model`, runs/<preset>/reward_model/), a proxy (chapter 10)
+                       (`labkit.studies.reward_model`, runs/<preset>/reward_model/), a proxy (chapter 10);
+                       "learned_guarded": the same, zeroed for a response that is no schema-valid answer
+                       (the source design's format guard)
     random_reward_p    the random control's success probability (the sweep uses the warm start's
                        per-draw validation success)
 
@@ -82,10 +84,25 @@ from . import losses, objectives
 OBJECTIVES = ("grpo", "rft", "sft", "gspo", "cispo")
 REDUCTIONS = losses.REDUCTIONS
 KLS = ("exact", "k1", "k2", "k3", "none")
-REWARDS = ("verifier", "random", "format", "learned")
+REWARDS = ("verifier", "random", "format", "learned", "learned_guarded")
 BASELINES = ("group_mean", "leave_one_out", "none")
 SAMPLER_WEIGHTS = ("float32", "bfloat16", "float8")
 LOGP_OLD_FROM = ("sampler", "trainer")
+# The switches each objective never reads: a value other than the default would be recorded in the run's
+# identity and change nothing, so `Variant` refuses it, naming the switch.
+IGNORED_BY = {
+    "grpo": (),
+    "cispo": (),
+    "gspo": ("clip_eps_high",),
+    "rft": ("baseline", "scale_by_std", "clip_eps_high", "overlong_filter", "dynamic_sampling"),
+    "sft": ("baseline", "scale_by_std", "clip_eps_high", "overlong_filter", "dynamic_sampling", "reward",
+            "random_reward_p", "length_penalty"),
+}
+IGNORED_WHY = {
+    "gspo": "its clip is the paper's, [1 - 3e-4, 1 + 4e-4] on each response's ratio",
+    "rft": "it learns by cross-entropy on its own right responses: no advantage, no ratio",
+    "sft": "it learns by cross-entropy on the solver's targets: no reward, no advantage, no ratio",
+}
 DYNAMIC_SAMPLING_ROUNDS = 3
 """extra draws of P prompts an iteration that dynamic sampling may make before it stops"""
 
@@ -135,6 +152,11 @@ class Variant:
         for name in ("scale_by_std", "overlong_filter", "dynamic_sampling"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"variant {name}={getattr(self, name)!r}: expected true or false")
+        defaults = {f.name: f.default for f in fields(self)}
+        for name in IGNORED_BY[self.objective]:
+            if getattr(self, name) != defaults[name]:
+                raise ValueError(f"variant objective {self.objective!r} ignores {name}={getattr(self, name)!r} "
+                                 f"({IGNORED_WHY[self.objective]}): leave {name} at its default, {defaults[name]!r}")
         if self.baseline != "group_mean" and self.scale_by_std:
             raise ValueError(f"variant baseline={self.baseline!r} divides by no std: set scale_by_std to false")
         if self.clip_eps_high is not None and (isinstance(self.clip_eps_high, bool)
@@ -147,10 +169,6 @@ class Variant:
         if self.overlong_filter and self.reduction == "sequence":
             raise ValueError("variant overlong_filter drops responses' tokens from a token-level reduction: "
                              "set reduction to 'token' (DAPO's) or 'constant'")
-        if self.objective in ("rft", "sft") and (self.baseline != "group_mean" or self.clip_eps_high is not None
-                                                 or self.overlong_filter or self.dynamic_sampling):
-            raise ValueError(f"variant objective {self.objective!r} learns by cross-entropy: baseline, "
-                             f"clip_eps_high, overlong_filter and dynamic_sampling do not apply")
         if self.tis_cap is not None and (isinstance(self.tis_cap, bool) or not isinstance(self.tis_cap, (int, float))
                                          or not self.tis_cap > 1.0):
             raise ValueError(f"variant tis_cap={self.tis_cap!r}: a number > 1 (Yao et al. use 2)")
@@ -222,6 +240,14 @@ def learned_reward(groups, *, verifier) -> torch.Tensor:
     return proxy.reshape(len(groups), -1)
 
 
+def guarded_learned_reward(groups, *, verifier) -> torch.Tensor:
+    """The learned verifier's yes/no, zeroed for a response that is not a schema-valid answer: the source
+    design's format guard.  It can only take away a payment for a malformed answer; a valid answer with a
+    wrong value, the near-miss that fooled chapter 10's proxy, it leaves paid (chapter 10 measures both)."""
+    valid = torch.tensor([[float(v.valid) for v in g.verdicts] for g in groups])
+    return learned_reward(groups, verifier=verifier) * valid
+
+
 def random_reward(groups, *, generator: torch.Generator, p: float) -> torch.Tensor:
     """Bernoulli(p), independent of the response, from the control's own seeded stream."""
     shape = (len(groups), len(groups[0].rollouts))
@@ -245,6 +271,7 @@ REWARD_TABLE = {
     "random": Reward(random_reward, needs_generator=True),
     "format": Reward(format_reward),
     "learned": Reward(learned_reward, needs_learned_verifier=True),
+    "learned_guarded": Reward(guarded_learned_reward, needs_learned_verifier=True),
 }
 
 # KL terms.  Each takes the current policy's (logp (B, R), logits (B, R, V)), the reference's (ref_scores),

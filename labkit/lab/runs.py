@@ -12,6 +12,7 @@ import gzip
 import hashlib
 import json
 import os
+import threading
 import tempfile
 import zlib
 from pathlib import Path
@@ -175,7 +176,7 @@ def run_path(run_dir: str | os.PathLike) -> Path:
 # Within one process the lock is re-entrant: a notebook or a test may run into the same folder again.
 
 LOCK_FILE = ".lock"
-_HELD: dict[str, int] = {}  # real folder path -> the open lock file's descriptor
+_HELD: dict[str, tuple[int, int]] = {}  # real folder path -> (the open lock file's descriptor, the holding thread)
 
 
 class RunFolderError(RuntimeError):
@@ -193,8 +194,15 @@ class UnfinishedRunError(RunFolderError):
 def hold_folder(folder: str | os.PathLike) -> None:
     """Take the folder's writer lock, or raise RunFolderBusyError naming the folder and the holder's pid."""
     real = os.path.realpath(folder)
-    if real in _HELD or fcntl is None:  # no fcntl (Windows): one writer per folder is then the user's care
+    if fcntl is None:  # no fcntl (Windows): one writer per folder is then the user's care
         return
+    if real in _HELD:
+        # the thread that holds it may take it again (a run's own steps); another thread of this process (a Dask
+        # worker runs its tasks in threads) may not, or two writers would share one folder
+        if _HELD[real][1] == threading.get_ident():
+            return
+        raise RunFolderBusyError(f"{display_path(folder)} is being written by another thread of this process (pid "
+                                 f"{os.getpid()}); wait for it to end, or choose another folder")
     fd = os.open(os.path.join(real, LOCK_FILE), os.O_RDWR | os.O_CREAT, 0o644)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -205,13 +213,13 @@ def hold_folder(folder: str | os.PathLike) -> None:
                                  "wait for it to end, or choose another folder") from None
     os.ftruncate(fd, 0)
     os.write(fd, f"{os.getpid()}\n".encode("ascii"))
-    _HELD[real] = fd
+    _HELD[real] = (fd, threading.get_ident())
 
 
 def release_folder(folder: str | os.PathLike) -> None:
-    fd = _HELD.pop(os.path.realpath(folder), None)
-    if fd is not None:
-        os.close(fd)  # closing the file releases the flock
+    held = _HELD.pop(os.path.realpath(folder), None)
+    if held is not None:
+        os.close(held[0])  # closing the file releases the flock
 
 
 def same_folder(a: str | os.PathLike, b: str | os.PathLike) -> bool:

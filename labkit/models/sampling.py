@@ -296,15 +296,24 @@ class Group:
         }
 
 
+def verdict_reward(verdict, problem) -> float:
+    """The reward of a verdict as the verifier gives it (the protocol's)."""
+    return float(verdict.reward)
+
+
 def sample_groups(model, tokenizer, problems: list[tuple[str, list[int], object]], G: int, seeds: list[int],
                   sampler: str = "reference", max_new_tokens: int = MAX_NEW_TOKENS,
-                  policy_digest: str | None = None, rollout_ids: list[str] | None = None) -> list[Group]:
+                  policy_digest: str | None = None, rollout_ids: list[str] | None = None,
+                  verify=None, reward=None) -> list[Group]:
     """G responses to each of several prompts, in ONE sampler call (the fast sampler batches all
     P x G rows), each response verified against its problem.
 
     problems: [(problem_id, prompt token ids, problem)] for P problems; seeds: P x G, prompt-major.
     The verifier sees the problem's structure, never the model; the model sees only the prompt.
+    verify, reward: another task's verifier (text, finish_reason, problem, tokenization_valid) -> verdict
+    and its reward (verdict, problem) -> float (`labkit.grpo.tasks`; None: the protocol's, looked up at the call).
     """
+    verify, reward = verify or verifier.score, reward or verdict_reward
     if len(seeds) != len(problems) * G:
         raise ValueError(f"{len(seeds)} seeds for {len(problems)} groups of G={G}; each response has its own seed")
     rollouts = get_sampler(sampler)(
@@ -315,9 +324,9 @@ def sample_groups(model, tokenizer, problems: list[tuple[str, list[int], object]
     groups = []
     for k, (problem_id, prompt, problem) in enumerate(problems):
         mine = rollouts[k * G:(k + 1) * G]
-        verdicts = [verifier.score(r.text, r.finish_reason, problem, r.tokenization_valid) for r in mine]
+        verdicts = [verify(r.text, r.finish_reason, problem, r.tokenization_valid) for r in mine]
         groups.append(Group(problem_id=problem_id, prompt_ids=prompt, rollouts=mine, verdicts=verdicts,
-                            rewards=[float(v.reward) for v in verdicts]))
+                            rewards=[reward(v, problem) for v in verdicts]))
     return groups
 
 

@@ -10,7 +10,7 @@
     overoptimisation,                        reward over-optimisation on real runs (chapter 10)
     overoptimisation_summary
     thinking_base, reasoning,                bases that can work a problem out, GRPO on worked answers
-    reasoning_report                         (chapter 11)
+    reasoning_report, skill_test             (chapter 11), whether a base keeps the skill it never uses
 
 May import: lab, task, config, models, train, grpo, eval.
 """

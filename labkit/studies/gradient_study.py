@@ -243,39 +243,37 @@ def corrected_snr(total: torch.Tensor, squares: float, n: int) -> float:
     return mean_sq / s2 - 1.0 / n
 
 
+def jackknife(estimate, K: int) -> tuple[float, float]:
+    """(theta, se): `estimate(None)` on all K chunks, and the jackknife standard error of it from the K estimates
+    that leave one chunk out, `estimate(k)`: se = sqrt((K - 1) / K * sum_k (theta_-k - mean theta_-k)^2)."""
+    left_out = torch.tensor([estimate(k) for k in range(K)], dtype=torch.float64)
+    return estimate(None), math.sqrt((K - 1) / K * float((left_out - left_out.mean()).pow(2).sum()))
+
+
+def _kept_snr(chunk_sums: torch.Tensor, chunk_squares: torch.Tensor, chunk_size: int, drop: int | None) -> float:
+    """`corrected_snr` of the gradients of every chunk but `drop` (None: all of them)."""
+    keep = [k for k in range(chunk_sums.shape[0]) if k != drop]
+    return corrected_snr(chunk_sums[keep].sum(0), float(chunk_squares[keep].sum()), len(keep) * chunk_size)
+
+
 def snr_with_interval(chunk_sums: torch.Tensor, chunk_squares: torch.Tensor, chunk_size: int) -> dict:
-    """`corrected_snr` of all the gradients and its jackknife 95% interval, each of the K chunks left out in turn.
+    """`corrected_snr` of all the gradients and its `jackknife` 95% interval, each of the K chunks left out in turn.
 
     chunk_sums (K, D) float64: each chunk's sum of its `chunk_size` gradients; chunk_squares (K,): each chunk's summed
-    squared norms.  se = sqrt((K - 1) / K * sum_k (theta_-k - mean theta_-k)^2); the interval is theta +- 1.96 se
-    (a normal approximation over K = NOISE_CHUNKS units).  Returns {"snr_corrected", "snr_interval", "snr_se",
-    "jackknife_chunks"}."""
+    squared norms.  The interval is theta +- 1.96 se (a normal approximation over K = NOISE_CHUNKS units).
+    Returns {"snr_corrected", "snr_interval", "snr_se", "jackknife_chunks"}."""
     K = chunk_sums.shape[0]
-    total, squares, n = chunk_sums.sum(dim=0), float(chunk_squares.sum()), K * chunk_size
-    theta = corrected_snr(total, squares, n)
-    left_out = torch.tensor([corrected_snr(total - chunk_sums[k], squares - float(chunk_squares[k]), n - chunk_size)
-                             for k in range(K)], dtype=torch.float64)
-    se = math.sqrt((K - 1) / K * float((left_out - left_out.mean()).pow(2).sum()))
+    theta, se = jackknife(lambda drop: _kept_snr(chunk_sums, chunk_squares, chunk_size, drop), K)
     return {"snr_corrected": theta, "snr_interval": [theta - 1.96 * se, theta + 1.96 * se], "snr_se": se,
             "jackknife_chunks": K}
 
 
 def snr_difference(a: tuple[torch.Tensor, torch.Tensor], b: tuple[torch.Tensor, torch.Tensor], chunk_size: int) -> dict:
-    """Scheme a's `corrected_snr` minus scheme b's, on the same batches, with the jackknife 95% interval of the
+    """Scheme a's `corrected_snr` minus scheme b's, on the same batches, with the `jackknife` 95% interval of the
     difference (the same chunks left out of both: a paired comparison, not two intervals side by side).
     a, b: (chunk sums (K, D), chunk squared norms (K,)).  Returns {"difference", "interval", "se"}."""
-    (sa, qa), (sb, qb) = a, b
-    K = sa.shape[0]
-
-    def diff(drop: int | None) -> float:
-        keep = [k for k in range(K) if k != drop]
-        m = len(keep) * chunk_size
-        return (corrected_snr(sa[keep].sum(0), float(qa[keep].sum()), m)
-                - corrected_snr(sb[keep].sum(0), float(qb[keep].sum()), m))
-
-    theta = diff(None)
-    left_out = torch.tensor([diff(k) for k in range(K)], dtype=torch.float64)
-    se = math.sqrt((K - 1) / K * float((left_out - left_out.mean()).pow(2).sum()))
+    theta, se = jackknife(lambda drop: _kept_snr(*a, chunk_size, drop) - _kept_snr(*b, chunk_size, drop),
+                          a[0].shape[0])
     return {"difference": theta, "interval": [theta - 1.96 * se, theta + 1.96 * se], "se": se}
 
 

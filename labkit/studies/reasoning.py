@@ -29,10 +29,15 @@ validation chains (the checkpoint curve).  At the end, the policy's profile on t
 (`thinking_base.TEST_SEED`, 25 chains per k, `profile_draws` draws each: the same chains and seeds
 as its base's profile, so before and after are paired).
 
-Files: `history.json`, `rollouts.jsonl.gz` (one row per response: iteration, problem id, `problem`
-{initial, movements}, text, finish reason, tokens, true reward, optimised reward, advantage, think
-flag, steps, steps right, category), `checkpoints.json`, `profile.json.gz`, `manifest.json`,
-FINISHED; `model.safetensors` stays local (its digest is in the manifest).
+Each run is trained by the lab's one GRPO loop (`labkit.grpo.loop.run_grpo` with `worked_task`, a
+`labkit.grpo.tasks.Task`), so its folder is every GRPO run's (autosaved states, Ctrl-C finishing the
+iteration, `--resume` bit for bit) with chapter 11's rows: `history.json`, `rollouts.jsonl.gz` (one
+row per response: rollout id, iteration, problem id, `problem` {initial, movements}, text, finish
+reason, tokens, true reward, optimised reward, advantage, think flag, steps, steps right, category;
+not the token ids, so that the committed cache stays under its 50 MB), `timings.jsonl`,
+`checkpoints.jsonl` (the validation profiles), `profile.json.gz`, `manifest.json`, FINISHED;
+`model.safetensors` stays local (its digest is in the manifest).  The updates score each prompt
+once and the responses in buckets of similar length (`labkit.models.shared_prompt`).
 """
 
 from __future__ import annotations
@@ -45,14 +50,15 @@ from pathlib import Path
 
 import torch
 
-from ..lab.runs import REPO_ROOT, RunFolder, sha256_file, atomic_write_bytes, preset_folder, write_json
-from ..lab.runtime import code_digests, deterministic, environment, seed_everything
+from ..lab.runs import RunFolder, sha256_file, atomic_write_bytes, preset_folder, write_json
+from ..lab.runtime import deterministic
 from ..task import worked
 from ..config import TINY, ReasoningConfig
-from ..models import presets, sampling
+from ..models import shared_prompt
 from ..grpo import core
-from ..grpo.loop import load_roles
+from ..grpo.loop import CHECKPOINTS_PART, run_grpo, start_loop
 from ..grpo import variants
+from ..grpo.tasks import Task
 from ..grpo.variants import Variant
 from ..eval import think_profile
 from . import thinking_base
@@ -126,61 +132,21 @@ def preset_config(cfg: ReasoningConfig):
 
 
 def chain_pool(per_k: int) -> list[dict]:
-    """GRPO's prompts: {"id", "k", "chain"} for the held-out train chains of each k (`per_k` drawn, none in
-    any base's documents), less any that shares its permutation key with a validation or test chain (one
-    k = 1 chain of the 800 is a validation chain's): RL never trains on a problem it is measured on."""
+    """GRPO's prompts: {"id", "k", "problem"} for the held-out train chains of each k (`per_k` drawn, none in
+    any base's documents; "problem" is the chain), less any that shares its permutation key with a validation
+    or test chain (one k = 1 chain of the 800 is a validation chain's): RL never trains on a problem it is
+    measured on."""
     measured = {worked.chain_key(c) for seed, n in ((thinking_base.VALIDATION_SEED, thinking_base.MEASURE_CHAINS_PER_K),
                                                     (thinking_base.TEST_SEED, thinking_base.PROFILE_CHAINS_PER_K))
                 for chains in thinking_base.held_out_chains(seed, n).values() for c in chains}
     chains = thinking_base.held_out_chains(thinking_base.TRAIN_SEED, per_k)
-    return [{"id": f"k{k}-{i:03d}", "k": k, "chain": c} for k in sorted(chains) for i, c in enumerate(chains[k])
+    return [{"id": f"k{k}-{i:03d}", "k": k, "problem": c} for k in sorted(chains) for i, c in enumerate(chains[k])
             if worked.chain_key(c) not in measured]
-
-
-def new_loop(run: ReasoningRun, cfg: ReasoningConfig, start: Path) -> core.Loop:
-    """The lab's loop on the worked task: policy and reference from `start`, AdamW, the chain pool."""
-    config = preset_config(cfg)
-    seed_everything(config.seed)
-    model, reference, tokenizer, digest = load_roles(config, start, "cpu")
-    pool = chain_pool(cfg.train_chains_per_k)
-    resolved = variants.resolve(Variant(length_penalty=run.length_penalty), config)
-    identity = {"task": "stock-arithmetic-worked", "run": asdict(run), "reasoning_config": asdict(cfg),
-                "start_digest": digest, "pool_ids": [p["id"] for p in pool], "torch_threads": torch.get_num_threads()}
-    return core.Loop(
-        config=config, G=cfg.G, model=model, reference=reference, tokenizer=tokenizer,
-        optimizer=torch.optim.AdamW(model.parameters(), lr=config.grpo_lr, weight_decay=config.grpo_weight_decay),
-        pool=pool, prompts={p["id"]: think_profile.worked_prompt_ids(tokenizer, p["chain"]) for p in pool},
-        order=core.PromptOrder(len(pool), config.seed + core.PROMPT_ORDER_SEED_OFFSET),
-        generation=torch.Generator().manual_seed(config.seed + core.GENERATION_SEED_OFFSET),
-        identity=identity, total_updates=cfg.iterations * resolved.updates_per_iteration, reference_digest=digest,
-        resolved=resolved)
 
 
 # The static sampler (`labkit.models.static_sampler`): the same tokens as the others for the same seeds, and on worked
 # answers (about 66 tokens a response) 3.4 times as fast as the fast sampler here (`python -m labkit bench grpo`).
 SAMPLER = "static"
-
-
-def sample_iteration(loop: core.Loop, iteration: int, reward) -> core.Sampled:
-    """G worked responses to each of the next P chains (the static sampler, one call), scored by the worked
-    verifier; the run's reward, the variant's optimised reward and the group advantages."""
-    chosen, seeds = core.draw_prompts(loop)
-    t0 = time.perf_counter()
-    G = loop.G
-    rollouts = sampling.get_sampler(SAMPLER)(
-        loop.model, loop.tokenizer, [loop.prompts[p["id"]] for p in chosen for _ in range(G)], seeds,
-        max_new_tokens=worked.WORKED_MAX_NEW_TOKENS, problem_ids=[p["id"] for p in chosen for _ in range(G)],
-        rollout_ids=[f"{stem}-{j}" for stem in core.group_stems(chosen, G, iteration) for j in range(G)],
-        policy_digest=presets.parameter_digest(loop.model))
-    groups = []
-    for k, p in enumerate(chosen):
-        mine = rollouts[k * G:(k + 1) * G]
-        verdicts = [worked.score_worked(r.text, r.finish_reason, p["chain"], r.tokenization_valid) for r in mine]
-        groups.append(sampling.Group(problem_id=p["id"], prompt_ids=loop.prompts[p["id"]], rollouts=mine,
-                                     verdicts=verdicts, rewards=[reward(v, p["chain"]) for v in verdicts]))
-    optimised = loop.resolved.optimised_reward(groups)  # (P, G): the run's reward, minus any length penalty
-    return core.Sampled(chosen=chosen, groups=groups, optimised=optimised,
-                        advantages=loop.resolved.advantages(optimised).reshape(-1), seconds=time.perf_counter() - t0)
 
 
 def rollout_rows(s: core.Sampled, iteration: int) -> list[dict]:
@@ -189,8 +155,8 @@ def rollout_rows(s: core.Sampled, iteration: int) -> list[dict]:
     chains = [p for p in s.chosen for _ in range(len(s.groups[0].rollouts))]
     optimised = s.optimised.reshape(-1).tolist()
     for i, (p, r, v) in enumerate(zip(chains, s.rollouts, s.verdicts)):
-        rows.append({"iteration": iteration, "problem_id": p["id"], "k": p["k"],
-                     "problem": {"initial": p["chain"].initial, "movements": list(p["chain"].movements)},
+        rows.append({"rollout_id": r.rollout_id, "iteration": iteration, "problem_id": p["id"], "k": p["k"],
+                     "problem": {"initial": p["problem"].initial, "movements": list(p["problem"].movements)},
                      "text": r.text, "finish_reason": r.finish_reason, "tokenization_valid": r.tokenization_valid,
                      "tokens": len(r.response_ids), "reward": v.reward, "reason": v.reason,
                      "optimised_reward": optimised[i], "advantage": float(s.advantages[i]),
@@ -198,99 +164,132 @@ def rollout_rows(s: core.Sampled, iteration: int) -> list[dict]:
     return rows
 
 
-def iteration_record(rows: list[dict], updates: list[dict], check: dict, iteration: int, seconds: dict) -> dict:
-    """The history's line: think rate, mean length, true accuracy (overall and per k), the update's figures."""
-    def share(part, key):
-        return sum(bool(r[key]) for r in part) / len(part) if part else None
+def _share(part: list[dict], key: str) -> float | None:
+    return sum(bool(r[key]) for r in part) / len(part) if part else None
 
+
+def iteration_figures(rows: list[dict]) -> dict:
+    """The share of an iteration's responses that work the problem out, their mean length, the share right."""
+    return {"think_rate": _share(rows, "thinks"), "accuracy": _share(rows, "reward"),
+            "mean_tokens": sum(r["tokens"] for r in rows) / len(rows)}
+
+
+def iteration_record(rows: list[dict], updates: list[dict], check: dict, iteration: int) -> dict:
+    """The history's line: think rate, mean length, true accuracy (overall and per k), the update's figures."""
+    share = _share
     ks = sorted({r["k"] for r in rows})
-    return {"iteration": iteration, "think_rate": share(rows, "thinks"), "accuracy": share(rows, "reward"),
-            "mean_tokens": sum(r["tokens"] for r in rows) / len(rows),
+    return {"iteration": iteration, **iteration_figures(rows),
             "optimised_reward": sum(r["optimised_reward"] for r in rows) / len(rows),
             "per_k": {str(k): {"responses": len([r for r in rows if r["k"] == k]),
                                "think_rate": share([r for r in rows if r["k"] == k], "thinks"),
                                "accuracy": share([r for r in rows if r["k"] == k], "reward")} for k in ks},
             "categories": {c: sum(r["category"] == c for r in rows) for c in worked.CATEGORIES},
             "logprob_check/max_abs_diff": check["max_abs_diff"],
-            **{k: updates[-1][k] for k in ("kl", "entropy", "grad_norm", "learning_rate", "clip_ratio/region_mean")},
-            "seconds": seconds}
+            **{k: updates[-1][k] for k in ("kl", "entropy", "grad_norm", "learning_rate", "clip_ratio/region_mean")}}
+
+
+def record(loop: core.Loop, iteration: int, s: core.Sampled, updates: list[dict], check: dict) -> tuple[dict, list[dict]]:
+    """The task's record (`labkit.grpo.tasks`): iteration counts from 0 in the loop, from 1 in the files."""
+    rows = rollout_rows(s, iteration + 1)
+    return iteration_record(rows, updates, check, iteration + 1), rows
+
+
+def postfix(record: dict) -> dict:
+    """The progress bar's figures of a worked iteration."""
+    return {"think": f"{record['think_rate']:.2f}", "acc": f"{record['accuracy']:.2f}",
+            "tokens": f"{record['mean_tokens']:.0f}"}
+
+
+class ValidationProfiles:
+    """The run's checkpoint curve: the policy's think profile on the fixed validation chains (2 draws each,
+    their own seeds), before the first iteration, every `measure_every` iterations and after the last.
+    It reads the policy only (`labkit.grpo.tasks`), so a run trains the same weights with or without it."""
+
+    def __init__(self, loop: core.Loop, total_iterations: int, every: int):
+        self.loop, self.total, self.every = loop, total_iterations, every
+        self.chains = thinking_base.held_out_chains(thinking_base.VALIDATION_SEED, thinking_base.MEASURE_CHAINS_PER_K)
+
+    def maybe_measure(self, folder: RunFolder, iteration: int, at_start: bool = False) -> float:
+        if at_start and iteration != 0:
+            return 0.0
+        if not (iteration == 0 or iteration % self.every == 0 or iteration == self.total):
+            return 0.0
+        t0 = time.perf_counter()
+        summary, _ = thinking_base.measure(self.loop.model, self.loop.tokenizer, self.chains, 2,
+                                           thinking_base.VALIDATION_SEED)
+        folder.append(CHECKPOINTS_PART, [{"iteration": iteration, **summary}])
+        return time.perf_counter() - t0
+
+
+def worked_task(run: ReasoningRun, cfg: ReasoningConfig) -> Task:
+    """The worked task for the one GRPO loop (`labkit.grpo.tasks`): the chain pool and its worked prompts,
+    `worked.score_worked`, the run's reward, chapter 11's records, its validation profiles, and at the end
+    its test profile (profile.json.gz: the same chains and seeds as its base's profile, so paired)."""
+
+    def pool(tokenizer, config) -> tuple[list[dict], dict[str, list[int]]]:
+        chains = chain_pool(cfg.train_chains_per_k)
+        return chains, {p["id"]: think_profile.worked_prompt_ids(tokenizer, p["problem"]) for p in chains}
+
+    def finish(folder: RunFolder, loop: core.Loop) -> dict:
+        with deterministic("cpu", warn_only=True):
+            summary, profile_rows = thinking_base.measure(
+                loop.model, loop.tokenizer,
+                thinking_base.held_out_chains(thinking_base.TEST_SEED, thinking_base.PROFILE_CHAINS_PER_K),
+                cfg.profile_draws, thinking_base.TEST_SEED)
+        atomic_write_bytes(folder / "profile.json.gz", gzip.compress(json.dumps(
+            {"summary": summary, "table": think_profile.profile(profile_rows), "rows": profile_rows},
+            sort_keys=True).encode(), mtime=0))
+        folder.register("profile.json.gz")
+        return {"run": asdict(run), "reasoning_config": asdict(cfg), "test_profile": summary}
+
+    return Task(step="reasoning", pool=pool, verify=worked.score_worked, reward=REWARDS[run.reward], record=record,
+                checkpoints=lambda loop, total: ValidationProfiles(loop, total, cfg.measure_every), postfix=postfix,
+                finish=finish, identity={"task": "stock-arithmetic-worked", "run": asdict(run),
+                                         "reasoning_config": asdict(cfg)})
+
+
+def new_loop(run: ReasoningRun, cfg: ReasoningConfig, start: Path) -> core.Loop:
+    """The one GRPO loop's start on the worked task (`labkit.grpo.loop.start_loop`), as `train` starts it."""
+    config = preset_config(cfg)
+    return start_loop(config, cfg.G, cfg.iterations, start, SAMPLER, "cpu",
+                      variants.resolve(Variant(length_penalty=run.length_penalty), config), shared_prompts=True,
+                      task=worked_task(run, cfg), bucket_tokens=shared_prompt.BUCKET_TOKENS)
+
+
+def sample_iteration(loop: core.Loop, iteration: int) -> core.Sampled:
+    """One iteration's groups, as the loop samples them (`core.sample_iteration`, the static sampler)."""
+    return core.sample_iteration(loop, iteration, SAMPLER)
 
 
 def default_run_dir(preset: str, name: str) -> Path:
     return preset_folder(preset, "reasoning") / name
 
 
-def train(name: str, preset: str = "tiny", cfg: ReasoningConfig | None = None, *, overwrite: bool = False,
-          progress: bool = True) -> dict:
-    """One reasoning run, start to end, into runs/<preset>/reasoning/<name>/; returns its manifest."""
-    from tqdm import tqdm
+def base_model(preset: str, base: str) -> Path:
+    """The finished thinking base's model file (refused when missing, unfinished, edited or damaged)."""
+    base_folder = RunFolder(thinking_base.default_run_dir(preset, base))
+    base_folder.manifest()
+    base_folder.check_file(thinking_base.MODEL_FILE)
+    return base_folder / thinking_base.MODEL_FILE
 
+
+def train(name: str, preset: str = "tiny", cfg: ReasoningConfig | None = None, *, overwrite: bool = False,
+          progress: bool = True, run_dir: Path | None = None, resume: bool = False, restart: bool = False,
+          stop_after: int | None = None, kl_coef: float | None = None, task: Task | None = None) -> dict:
+    """One reasoning run into runs/<preset>/reasoning/<name>/ (or `run_dir`) by the lab's one GRPO loop
+    (`labkit.grpo.loop.run_grpo` with `worked_task`): its folder, autosaves, Ctrl-C and exact resume are
+    every GRPO run's.  resume, restart, stop_after: as `run_grpo`'s.  kl_coef: another beta than the
+    protocol's (a live run's); task: the worked task with another record hook (`labkit.live`).  Returns the
+    manifest (a summary when stopped early)."""
     if preset != "tiny":
         raise ValueError(f"preset {preset!r}: the thinking bases are the tiny preset's")
     run, cfg = get_run(name), cfg or ReasoningConfig()
-    base_folder = RunFolder(thinking_base.default_run_dir(preset, run.base))
-    base_folder.manifest()  # refuses a base that is missing, unfinished, edited or damaged
-    base_folder.check_file(thinking_base.MODEL_FILE)
-    start = base_folder / thinking_base.MODEL_FILE
-    folder = RunFolder(default_run_dir(preset, name)).open_for_writing(overwrite)
-    folder.clear((MODEL_FILE, "history.json", "history.partial.jsonl", "rollouts.jsonl.gz", "checkpoints.json",
-                  "profile.json.gz", "manifest.json"))
-    began = time.perf_counter()
-    with deterministic("cpu", warn_only=True):
-        loop = new_loop(run, cfg, start)
-        validation = thinking_base.held_out_chains(thinking_base.VALIDATION_SEED, thinking_base.MEASURE_CHAINS_PER_K)
-        checkpoints, all_rows = [], []
-
-        def checkpoint(iteration: int) -> None:
-            summary, _ = thinking_base.measure(loop.model, loop.tokenizer, validation, 2, thinking_base.VALIDATION_SEED)
-            checkpoints.append({"iteration": iteration, **summary})
-
-        checkpoint(0)
-        reward = REWARDS[run.reward]
-        bar = tqdm(range(cfg.iterations), desc=f"reasoning {name}", disable=not progress, mininterval=5)
-        for it in bar:
-            t0 = time.perf_counter()
-            s = sample_iteration(loop, it + 1, reward)
-            t1 = time.perf_counter()
-            updates, check = core.update_iteration(loop, s)
-            rows = rollout_rows(s, it + 1)
-            record = iteration_record(rows, updates, check, it + 1,
-                                      {"sampling": s.seconds, "update": time.perf_counter() - t1,
-                                       "iteration": time.perf_counter() - t0})
-            loop.history.append(record)
-            all_rows += rows
-            with open(folder / "history.partial.jsonl", "a") as f:  # to follow a run in a worker process
-                f.write(json.dumps(record) + "\n")
-            bar.set_postfix(think=f"{record['think_rate']:.2f}", acc=f"{record['accuracy']:.2f}",
-                            tokens=f"{record['mean_tokens']:.0f}")
-            if (it + 1) % cfg.measure_every == 0 or it + 1 == cfg.iterations:
-                checkpoint(it + 1)
-        bar.close()
-        trained = time.perf_counter() - began
-        summary, profile_rows = thinking_base.measure(
-            loop.model, loop.tokenizer, thinking_base.held_out_chains(thinking_base.TEST_SEED,
-                                                                      thinking_base.PROFILE_CHAINS_PER_K),
-            cfg.profile_draws, thinking_base.TEST_SEED)
-    presets.save_model(loop.model, folder / MODEL_FILE)
-    write_json(folder / "history.json", loop.history)
-    (folder / "history.partial.jsonl").unlink(missing_ok=True)
-    write_json(folder / "checkpoints.json", checkpoints)
-    atomic_write_bytes(folder / "rollouts.jsonl.gz", gzip.compress(
-        "".join(json.dumps(r, sort_keys=True) + "\n" for r in all_rows).encode(), mtime=0))
-    atomic_write_bytes(folder / "profile.json.gz", gzip.compress(json.dumps(
-        {"summary": summary, "table": think_profile.profile(profile_rows), "rows": profile_rows},
-        sort_keys=True).encode(), mtime=0))
-    manifest = {"step": "reasoning", "run": asdict(run), "config": asdict(cfg), "preset": preset,
-                "start_model": {"file": str(start.relative_to(REPO_ROOT)), "parameter_digest": loop.identity["start_digest"]},
-                "final_digest": presets.parameter_digest(loop.model), "test_profile": summary,
-                "code_sha256": code_digests(), "environment": environment("cpu"),
-                "times": {"train_seconds": trained, "total_seconds": time.perf_counter() - began}}
-    for file in (MODEL_FILE, "history.json", "checkpoints.json", "rollouts.jsonl.gz", "profile.json.gz"):
-        folder.register(file)
-    manifest["ledger"] = folder.ledger()
-    write_json(folder / "manifest.json", manifest)
-    folder.mark_finished({"think_rate": summary["think_rate"], "accuracy": summary["accuracy"]})
-    return manifest
+    config = preset_config(cfg) if kl_coef is None else replace(preset_config(cfg), kl_coef=kl_coef)
+    return run_grpo(config, run_dir or default_run_dir(preset, name), G=cfg.G, iterations=cfg.iterations,
+                    stop_after=stop_after, resume=resume, restart=restart, sampler=SAMPLER,
+                    start_file=base_model(preset, run.base), device="cpu", overwrite=overwrite, progress=progress,
+                    variant=Variant(length_penalty=run.length_penalty), shared_prompts=True,
+                    task=task or worked_task(run, cfg), bucket_tokens=shared_prompt.BUCKET_TOKENS)
 
 
 def _worker(job: tuple[str, str, int]) -> tuple[str, float]:

@@ -16,6 +16,7 @@ import json
 from math import comb
 
 from ..lab.runs import RunFolder
+from ..grpo.loop import read_rollouts
 from ..eval import paired
 from . import reasoning, thinking_base
 
@@ -34,9 +35,9 @@ def run_history(name: str, preset: str = "tiny") -> list[dict]:
 
 
 def run_rollouts(name: str, preset: str = "tiny") -> list[dict]:
-    folder = RunFolder(reasoning.default_run_dir(preset, name))
-    folder.check_file("rollouts.jsonl.gz")
-    return [json.loads(line) for line in gzip.decompress((folder / "rollouts.jsonl.gz").read_bytes()).splitlines()]
+    """A reasoning run's rows, read as every GRPO run's (`labkit.grpo.loop.read_rollouts`: checked against
+    its ledger, no rollout twice, no iteration missing)."""
+    return read_rollouts(reasoning.default_run_dir(preset, name))
 
 
 def summary_row(name: str, rows: list[dict]) -> dict:

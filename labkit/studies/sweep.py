@@ -462,8 +462,12 @@ def run_sweep(specs: list[dict], *, workers: int = 2, scheduler: str | None = No
         with Client(scheduler) as client:
             futures = client.map(run_one, todo, pure=False)
             names = {f.key: s["name"] for f, s in zip(futures, todo)}
-            for future in dask_completed(futures):
-                _collect(future, names[future.key], summaries, failures, progress)
+            try:
+                for future in dask_completed(futures):
+                    _collect(future, names[future.key], summaries, failures, progress)
+            except BaseException:  # Ctrl-C or a lost scheduler: the runs not yet started never start
+                client.cancel(futures, force=True)
+                raise
     else:  # a process per run (`labkit.lab.workers`): a worker's death fails its run alone, none outlives the sweep
         from ..lab.workers import run_in_processes
 

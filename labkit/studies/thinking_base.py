@@ -33,8 +33,9 @@ never saw a worked answer).  Each is measured every `measure_every` updates on t
 chains (`think_profile`), and its final profile on the test chains at temperature 1 is committed
 (`profile.json.gz`, with every response).
 
-Files of each base: `model.safetensors` (local: its digest is in the manifest; `make cache`
-rebuilds it), `log.json`, `profile.json.gz` (rows and per-k table), `manifest.json`, FINISHED.
+Files of each base: `model.safetensors` (committed for rare_0, rare_2 and control, which chapter 11's
+live run starts from; local for the skill base and rare_10: its digest is in the manifest, and
+`python -m labkit cache fill` rebuilds it), `log.json`, `profile.json.gz` (rows and per-k table), `manifest.json`, FINISHED.
 """
 
 from __future__ import annotations
