@@ -49,6 +49,8 @@ SMOKE = "tests/test_smoke.py"
 # runs three workers on the two cores: a quarter of its two workers' time was idle (its tests wait on the
 # processes they start and kill), and a third worker fills it (262 -> 237 s on 2026-12-04, peak 3.3 -> 3.8 GiB).
 UNIT_WORKERS = "3"
+# The tests marked `slow` (fault injection and a Dask cluster, 20 s or more each) are left out: `make test-slow`
+# runs them, and CI runs it after `make test`.
 # The files that take longest, named first: pytest-xdist hands whole files to the workers in the order
 # they are collected (alphabetical), so a long file that comes late ends the phase alone.  Started
 # first, they run beside the many short files instead.  (pytest collects a file named twice once.)
@@ -66,7 +68,8 @@ GROUPS = [
     # nbval under the native kernels fills the unit pass's idle time: its tests wait on the processes
     # they start and kill (the unit pass alone kept 1.5 of the 2 cores busy)
     [("unit", [PY, "-m", "pytest", "-q", "-p", "no:nbval", "-n", UNIT_WORKERS, "--dist", "loadfile",
-               "--no-loadscope-reorder", "--durations=25", f"--ignore={SMOKE}", *LONGEST_FIRST, "tests"], {}),
+               "--no-loadscope-reorder", "--durations=25", "-m", "not slow", f"--ignore={SMOKE}", *LONGEST_FIRST,
+               "tests"], {}),
      ("nbval", [*NBVAL, "notebooks"], {})],
     # nbval under the portable kernels in two halves (every other chapter), beside the smoke and the books
     [("nbval, portable kernels, first half", [*NBVAL, *NOTEBOOKS[0::2]], PORTABLE),

@@ -128,6 +128,7 @@ def test_a_fingerprint_names_everything_that_makes_the_numbers(tmp_path, start_f
     assert longer["folder"] != a["folder"]
 
 
+@pytest.mark.slow  # about 25 s: `make test-slow`
 def test_a_two_worker_local_dask_cluster_runs_the_sweep_and_a_rerun_trains_nothing(tmp_path, start_file):
     from distributed import LocalCluster
 
