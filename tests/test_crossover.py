@@ -51,3 +51,14 @@ def test_bad_settings_are_refused_before_anything_is_sampled(tmp_path):
     with pytest.raises(ValueError, match="chains per k 26"):
         crossover.run(policies=("rare_2",), chains_per_k=26, out=tmp_path / "b")
     assert not (tmp_path / "a").exists() and not (tmp_path / "b").exists()
+
+
+def test_a_policy_whose_weights_are_not_here_names_the_command_that_rebuilds_them(tmp_path, monkeypatch):
+    from labkit.studies import reasoning
+
+    monkeypatch.setattr(reasoning, "default_run_dir", lambda preset, name: tmp_path / name)
+    folder = tmp_path / "from_rare_2"
+    folder.mkdir()
+    monkeypatch.setattr(RunFolder, "manifest", lambda self: {})  # a finished run whose weights stay local
+    with pytest.raises(FileNotFoundError, match=r"`python -m labkit cache fill --steps reasoning --runs from_rare_2`"):
+        crossover.model_file("tiny", "from_rare_2")

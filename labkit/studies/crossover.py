@@ -77,8 +77,9 @@ def model_file(preset: str, policy: str) -> Path:
     folder.manifest()  # refuses a folder that is missing, unfinished or damaged
     path = folder / "model.safetensors"
     if not path.is_file():
+        step = "thinking" if kind == "base" else "reasoning"
         raise FileNotFoundError(f"{path} is not here (its weights are not committed): "
-                                f"`python -m labkit cache fill` rebuilds it")
+                                f"`python -m labkit cache fill --steps {step} --runs {name}` rebuilds it")
     folder.check_file("model.safetensors")
     return path
 
