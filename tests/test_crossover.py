@@ -5,17 +5,18 @@ from math import comb
 
 import pytest
 
+from labkit.eval import evaluate
 from labkit.studies import crossover
 from labkit.lab.runs import RunFolder
 
 
 def test_pass_at_k_is_the_unbiased_estimator_worked_by_hand():
     # 4 draws, 1 right: pass@1 = 1/4, pass@2 = 1 - C(3,2)/C(4,2) = 1 - 3/6, pass@4 = 1
-    assert crossover.pass_at_k(4, 1, 1) == 0.25 and crossover.pass_at_k(4, 1, 2) == 0.5
-    assert crossover.pass_at_k(4, 1, 4) == 1.0 and crossover.pass_at_k(4, 0, 4) == 0.0
-    assert crossover.pass_at_k(256, 3, 100) == pytest.approx(1 - comb(253, 100) / comb(256, 100), rel=1e-15)
+    assert evaluate.pass_at_k(4, 1, 1) == 0.25 and evaluate.pass_at_k(4, 1, 2) == 0.5
+    assert evaluate.pass_at_k(4, 1, 4) == 1.0 and evaluate.pass_at_k(4, 0, 4) == 0.0
+    assert evaluate.pass_at_k(256, 3, 100) == pytest.approx(1 - comb(253, 100) / comb(256, 100), rel=1e-15)
     with pytest.raises(ValueError, match="n=4, c=5, k=1"):
-        crossover.pass_at_k(4, 5, 1)
+        evaluate.pass_at_k(4, 5, 1)
 
 
 def test_curves_cross_where_the_base_reaches_the_run():

@@ -6,7 +6,7 @@ Yue et al. (2025) find that RL with a verifiable reward raises pass@1 but not pa
 enough tries, the base solves as many problems as the RL-trained model, often more, and the curves
 cross.  Chapter 11 measures pass@8 only.  Here each policy answers every chain `draws` times
 (temperature 1, the fast sampler, `worked.score_worked`), and pass@k is the unbiased estimator
-1 - C(n - c, k) / C(n, k) of each chain's n draws with c right, averaged over chains, for every k
+1 - C(n - c, k) / C(n, k) of each chain's n draws with c right (`evaluate.pass_at_k`), averaged over chains, for every k
 up to n.  The chains are chapter 11's test chains (`thinking_base.TEST_SEED`), the first
 `chains_per_k` of each k = 1 ... 8; the draw seeds are this study's own, the same for every policy,
 so that the policies are compared chain by chain.
@@ -23,9 +23,9 @@ from __future__ import annotations
 
 import json
 import time
-from math import comb
 from pathlib import Path
 
+from ..eval import evaluate
 from ..lab.runs import RunFolder, atomic_write_text, preset_folder, write_json
 from ..lab.runtime import code_digests, environment, hashed_seed
 from ..lab.skeleton import holding
@@ -44,16 +44,14 @@ def draw_seed(k: int, index: int, draw: int) -> int:
     return hashed_seed(f"crossover/{k}/{index}/{draw}")
 
 
-def pass_at_k(n: int, c: int, k: int) -> float:
-    """The unbiased pass@k of one chain: 1 - C(n - c, k) / C(n, k), n draws with c right (Chen et al. 2021)."""
-    if not 0 <= c <= n or not 1 <= k <= n:
-        raise ValueError(f"pass@k needs 0 <= c <= n and 1 <= k <= n, got n={n}, c={c}, k={k}")
-    return 1.0 - comb(n - c, k) / comb(n, k)
-
-
 def curve(counts: list[dict], ks: list[int]) -> list[float]:
-    """Mean pass@k over the chains of `counts` (rows {"n", "right"}), for each k of `ks`."""
-    return [sum(pass_at_k(r["n"], r["right"], k) for r in counts) / len(counts) for k in ks]
+    """Mean pass@k over the chains of `counts` (rows {"n", "right"}, every n the same), for each k of `ks`
+    (`evaluate.mean_pass_at_k`: the unbiased estimator, in exact arithmetic)."""
+    n = {r["n"] for r in counts}
+    if len(n) != 1:
+        raise ValueError(f"pass@k over chains needs the same number of draws for each, got {sorted(n)}")
+    draws, right = n.pop(), [r["right"] for r in counts]
+    return [evaluate.mean_pass_at_k(right, draws, k) for k in ks]
 
 
 def powers_of_two(n: int) -> list[int]:
