@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: help setup book test unit notebooks notebooks-portable data cache clean mathjax browser browser-check student student-book
+.PHONY: help setup book test test-slow unit notebooks notebooks-portable data cache clean mathjax browser browser-check student student-book
 
 help:  ## list the targets
 	@awk -F ':.*## ' '/^[a-z-]+:.*## / { printf "%-20s %s\n", $$1, $$2 }' Makefile
@@ -71,6 +71,9 @@ student: $(STAMP)  ## write the student copies of every chapter (solutions stubb
 
 unit: $(STAMP)  ## unit tests only, on both cores
 	$(PY) -m pytest -q -p no:nbval -n 2 --dist loadfile --no-loadscope-reorder tests
+
+test-slow: $(STAMP)  ## the slow fault-injection and cluster tests that `make test` leaves out (CI runs them after it)
+	$(PY) -m pytest -q -p no:nbval -n 2 --dist loadfile -m slow tests
 
 notebooks: $(STAMP)  ## re-execute every chapter and compare with its stored outputs (nbval)
 	$(PY) -m pytest -q --nbval --nbval-current-env notebooks

@@ -465,14 +465,13 @@ def cmd_live(args: argparse.Namespace) -> int:
     from . import live
 
     if args.what == "grpo":
-        if args.base or args.group_size or args.beta is not None:
+        if args.base or args.G or args.beta is not None:
             raise ValueError("--base, --group-size and --beta are chapter 11's: `python -m labkit live reasoning`")
         lines = live.live_grpo(10 if args.iterations is None else args.iterations, run_dir=args.run_dir,
                                restart=args.restart)
     else:
         lines = live.live_reasoning(20 if args.iterations is None else args.iterations, base=args.base or "rare_2",
-                                    G=args.group_size,
-                                    kl_coef=args.beta, run_dir=args.run_dir, restart=args.restart)
+                                    G=args.G, kl_coef=args.beta, run_dir=args.run_dir, restart=args.restart)
     agree = sum(bool(line["agrees"]) for line in lines)
     print(f"live {args.what}: {len(lines)} iteration(s), {agree} the committed run's rollouts exactly; Ctrl-C keeps "
           "every finished iteration, and the same command goes on")
@@ -510,6 +509,23 @@ def cmd_skill_test(args: argparse.Namespace) -> int:
         print(f"{base:<8} right {s['accuracy']:6.1%}  steps all right {s['steps_right']:6.1%}"
               + (f"  against skill: {100 * against['mean_difference']:+.1f} points, paired over "
                  f"{against['n_problems']} chains (p = {against['p_permutation']:.1g})" if against else ""))
+    return 0
+
+
+def cmd_crossover(args: argparse.Namespace) -> int:
+    """Chapter 11: pass@k of worked answers up to k = --draws, before and after RL (labkit.studies.crossover)."""
+    import torch
+
+    from .studies import crossover
+
+    torch.set_num_threads(args.threads)
+    policies = tuple(args.policies.split(",")) if args.policies else tuple(crossover.POLICIES)
+    counted = crossover.run(args.preset, policies=policies, draws=args.draws, chains_per_k=args.chains_per_k,
+                            out=args.run_dir, overwrite=args.overwrite, progress=not args.no_progress)
+    ks = crossover.powers_of_two(args.draws)
+    print(f"{'policy':<13}" + "".join(f"{'pass@' + str(k):>10}" for k in ks))
+    for policy, rows in counted.items():
+        print(f"{policy:<13}" + "".join(f"{x:>10.1%}" for x in crossover.curve(rows, ks)))
     return 0
 
 
@@ -648,7 +664,7 @@ def _add_sft_arguments(p: argparse.ArgumentParser) -> None:
 COMMAND_ORDER = ("data", "pretrain", "warm-start", "sft", "sft-resume-check", "grpo", "grpo-resume-check",
                  "sampler-agreement", "evaluate", "results-json", "group-size",  # the protocol, in order
                  "grpo-large", "sweep", "gradient-study", "objective-cases", "reward-model", "format-base", "overoptimisation",
-                 "thinking-bases", "reasoning", "skill-test", "live", "all", "smoke", "cache",
+                 "thinking-bases", "reasoning", "skill-test", "crossover", "live", "all", "smoke", "cache",
                  "tune", "bench", "student")  # the tools
 
 
@@ -858,7 +874,7 @@ def _add_chapter10_commands(sub) -> None:
     p.add_argument("--iterations", type=int, default=None, help="iterations 1..N (default: 10 for grpo, 20 for reasoning)")
     p.add_argument("--base", default=None, help="reasoning: the thinking base to start from, rare_0, rare_2, rare_10 "
                                                 "or control (default: rare_2)")
-    p.add_argument("--group-size", type=int, default=None, help="reasoning: G (default: the committed run's, 8)")
+    p.add_argument("--group-size", dest="G", type=int, default=None, help="reasoning: G (default: the committed run's, 8)")
     p.add_argument("--beta", type=float, default=None, help="reasoning: the KL weight (default: the protocol's, 0.02)")
     p.add_argument("--run-dir", type=Path, default=None,
                    help="folder (default: runs/scratch/live/grpo, or runs/scratch/live/reasoning/<base>-G<G>-beta<beta>)")
@@ -927,6 +943,23 @@ def _add_chapter10_commands(sub) -> None:
         p.set_defaults(func=func)
 
 
+def _add_crossover_command(sub) -> None:
+    """Subcommand: chapter 11's pass@k crossover (labkit.studies.crossover)."""
+    p = sub.add_parser("crossover", help="chapter 11: pass@k of worked answers for k up to --draws, the thinking "
+                                         "bases before and chapter 11's runs after RL, chain by chain")
+    p.add_argument("--preset", default="tiny", choices=["tiny"], help="only 'tiny' (default: %(default)s)")
+    p.add_argument("--policies", default=None,
+                   help="comma-separated, some of rare_2,from_rare_2,rare_10,from_rare_10,skill (default: all)")
+    p.add_argument("--draws", type=int, default=256, help="answers per chain and policy: pass@k for k up to it "
+                                                          "(default: %(default)s)")
+    p.add_argument("--chains-per-k", type=int, default=13, help="test chains of each k = 1 ... 8 (default: %(default)s)")
+    p.add_argument("--run-dir", type=Path, default=None, help="output folder (default: runs/<preset>/crossover)")
+    p.add_argument("--threads", type=int, default=1, help="torch CPU threads (default: 1)")
+    p.add_argument("--overwrite", action="store_true", help="count a finished study again (normally refused)")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.set_defaults(func=cmd_crossover)
+
+
 def _add_evaluation_commands(sub) -> None:
     """Subcommands: evaluation, its results file and the sampler comparison."""
     p = sub.add_parser("evaluate", help="test evaluation: greedy + 4 seeded samples per problem, then results.json")
@@ -987,6 +1020,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_training_commands(sub)
     _add_exercise_commands(sub)
     _add_chapter10_commands(sub)
+    _add_crossover_command(sub)
     _add_evaluation_commands(sub)
     rank = {name: i for i, name in enumerate(COMMAND_ORDER)}
     sub._choices_actions.sort(key=lambda action: rank.get(action.dest, len(rank)))

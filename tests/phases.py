@@ -12,8 +12,9 @@ for (os.wait4's usage); a process reaped by another parent, such as a browser's 
 
 Memory: while a group runs, the proportional set sizes (Pss: resident memory, a page shared by
 several processes counted once between them) of every process under this one are summed every
-0.2 s; a phase's peak is the largest sum seen over its own processes, the group's peak the
-largest sum over all of them.  A spike shorter than the interval can be missed; `ru_maxrss`
+0.5 s (each sample reads every process's smaps_rollup: every 0.2 s, the sampler took a sixth of a
+core); a phase's peak is the largest sum seen over its own processes, the group's peak the largest
+sum over all of them.  A spike shorter than the interval can be missed; `ru_maxrss`
 (the largest single process's resident peak, from the kernel) is printed beside it as a check,
 with one caveat: a process that resets its own peak counter (/proc/self/clear_refs, as the smoke
 does at each stage to measure it) reports only the peak since its last reset.
@@ -37,8 +38,8 @@ LOGS = ROOT / "_build" / "test-logs"
 
 # (name, command, extra environment); phases in one inner list run side by side, and the whole run stays
 # under 6 GB, a laptop's budget.  The qwen smoke (tests/test_smoke.py: 2 layers at a quarter of Qwen's
-# width and its full 151,936-token vocabulary, 1.6 GiB) runs beside the short book builds (0.2 GiB) on two
-# threads.  The portable-kernel unit pass (two workers, 2.6 GiB) runs beside the two browser checks
+# width and its full 151,936-token vocabulary, 1.6 GiB) runs beside the short book builds (0.2 GiB) and
+# the two halves of the portable nbval pass (0.9 GiB each).  The portable-kernel unit pass (two workers, 2.6 GiB) runs beside the two browser checks
 # (1 GiB each), which need the books.
 SMOKE = "tests/test_smoke.py"
 # The unit passes hand out files in conftest.py's order, slowest first (with --no-loadscope-reorder; xdist
@@ -48,6 +49,8 @@ SMOKE = "tests/test_smoke.py"
 # runs three workers on the two cores: a quarter of its two workers' time was idle (its tests wait on the
 # processes they start and kill), and a third worker fills it (262 -> 237 s on 2026-12-04, peak 3.3 -> 3.8 GiB).
 UNIT_WORKERS = "3"
+# The tests marked `slow` (fault injection and a Dask cluster, 20 s or more each) are left out: `make test-slow`
+# runs them, and CI runs it after `make test`.
 # The files that take longest, named first: pytest-xdist hands whole files to the workers in the order
 # they are collected (alphabetical), so a long file that comes late ends the phase alone.  Started
 # first, they run beside the many short files instead.  (pytest collects a file named twice once.)
@@ -58,13 +61,20 @@ from portable import PORTABLE_FILES, PORTABLE_TESTS  # noqa: E402  (no imports o
 
 PORTABLE_PATHS = sorted(f"tests/{name}" for name in PORTABLE_FILES | set(PORTABLE_TESTS))
 STUDENT_HTML = "_build/student_src/_build/html"  # the Makefile's STUDENT_HTML
+NOTEBOOKS = sorted(str(p.relative_to(ROOT)) for p in (ROOT / "notebooks").glob("*.ipynb"))
+NBVAL = [PY, "-m", "pytest", "-q", "--nbval", "--nbval-current-env"]
 GROUPS = [
     [("prepare", ["make", "--no-print-directory", "setup", "mathjax", "browser"], {})],  # once, before phases share them
+    # nbval under the native kernels fills the unit pass's idle time: its tests wait on the processes
+    # they start and kill (the unit pass alone kept 1.5 of the 2 cores busy)
     [("unit", [PY, "-m", "pytest", "-q", "-p", "no:nbval", "-n", UNIT_WORKERS, "--dist", "loadfile",
-               "--no-loadscope-reorder", "--durations=25", f"--ignore={SMOKE}", *LONGEST_FIRST, "tests"], {})],
-    [("nbval", [PY, "-m", "pytest", "-q", "--nbval", "--nbval-current-env", "notebooks"], {}),
-     ("nbval, portable kernels", [PY, "-m", "pytest", "-q", "--nbval", "--nbval-current-env", "notebooks"], PORTABLE)],
-    [("qwen smoke", [PY, "-m", "pytest", "-q", "-p", "no:nbval", SMOKE], {}),
+               "--no-loadscope-reorder", "--durations=25", "-m", "not slow", f"--ignore={SMOKE}", *LONGEST_FIRST,
+               "tests"], {}),
+     ("nbval", [*NBVAL, "notebooks"], {})],
+    # nbval under the portable kernels in two halves (every other chapter), beside the smoke and the books
+    [("nbval, portable kernels, first half", [*NBVAL, *NOTEBOOKS[0::2]], PORTABLE),
+     ("nbval, portable kernels, second half", [*NBVAL, *NOTEBOOKS[1::2]], PORTABLE),
+     ("qwen smoke", [PY, "-m", "pytest", "-q", "-p", "no:nbval", SMOKE], {}),
      ("books", ["sh", "-c", "make --no-print-directory book && make --no-print-directory student-book"], {})],
     # the two books' browser checks (the same checks as `make browser-check`) beside the portable pass
     [("unit, portable kernels", [PY, "-m", "pytest", "-q", "-p", "no:nbval", "-n", "2", "--dist", "loadfile",
@@ -115,7 +125,7 @@ def tree_rss(root: int, tree: dict[int, list[int]]) -> int:
     return total
 
 
-def run_group(group, interval: float = 0.2) -> list[dict]:
+def run_group(group, interval: float = 0.5) -> list[dict]:
     """Start the group's phases together, sample their memory until all end; one result per phase."""
     LOGS.mkdir(parents=True, exist_ok=True)
     running = []

@@ -237,6 +237,7 @@ def test_kill_between_iterations_then_resume_in_place(tmp_path, launch, referenc
 # -- 2. kill -9 at awkward moments, several times in one folder ------------------------------------------
 
 
+@pytest.mark.slow  # about 40 s: `make test-slow`, run by CI after `make test`
 def test_repeated_kills_at_awkward_moments_then_resume_in_place(tmp_path, launch, reference):
     folder = tmp_path / "run"
     states = "--save-states-at", EVERY_ITERATION
@@ -297,6 +298,7 @@ def test_repeated_kills_at_awkward_moments_then_resume_in_place(tmp_path, launch
 # -- 3. a fresh start in an unfinished folder -------------------------------------------------------------
 
 
+@pytest.mark.slow  # about 25 s: `make test-slow`
 def test_a_fresh_start_after_stop_after_leaves_no_duplicate_rollouts(tmp_path, launch, reference):
     folder = tmp_path / "run"
     launch(folder, "--stop-after", "2", "--save-states-at", "1").finish()

@@ -24,6 +24,7 @@ SFT_CLI = [sys.executable, "-m", "labkit", "warm-start", "--preset", "tiny", "--
            "--validation-limit", "4", "--no-greedy-eval"]
 
 
+@pytest.mark.slow  # about 45 s: `make test-slow`
 def test_sft_killed_mid_epoch_and_during_a_state_write_resumes_to_the_continuous_run(tmp_path, launch):
     continuous = tmp_path / "continuous"
     launch(continuous, cli=SFT_CLI, fresh=True).finish()  # a `python -m labkit` of its own

@@ -378,6 +378,17 @@ def test_a_run_without_results_is_refused_with_the_command_to_run(tmp_path):
         results_page.render(tmp_path)
 
 
+def test_the_command_refuses_in_one_line(tmp_path, capsys):
+    """`python -m labkit.book.build results-page` on a run it cannot read: one line, exit 2, no page written."""
+    from labkit.book import build
+
+    out = tmp_path / "results.md"
+    assert build.main(["results-page", "--run", str(tmp_path), "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and err.count("\n") == 1 and "labkit evaluate" in err, err
+    assert not out.exists()
+
+
 # --- labkit.eval.baselines on hand-made labels (data.open_records replaced; no data file is read) -----------------
 
 PROBLEM = {"initial": 41, "deliveries": [35, 22], "withdrawals": [14, 18]}  # any valid problem: only its form is used

@@ -49,7 +49,9 @@ def tiny():
 
 @pytest.fixture(scope="module")
 def qwen_shaped():
-    config = smoke.smoke_model_config(layers=2)
+    # Qwen's width and head geometry (14 query heads of 64 on 2 key-value heads, biased projections) on one
+    # layer (the tiny model's tests above cover a stack of layers) and 8,192 vocabulary entries
+    config = smoke.smoke_model_config(layers=1)
     config.vocab_size = 8192
     return smoke.random_model(config, seed=0, device="cpu")
 

@@ -128,6 +128,7 @@ def test_a_fingerprint_names_everything_that_makes_the_numbers(tmp_path, start_f
     assert longer["folder"] != a["folder"]
 
 
+@pytest.mark.slow  # about 25 s: `make test-slow`
 def test_a_two_worker_local_dask_cluster_runs_the_sweep_and_a_rerun_trains_nothing(tmp_path, start_file):
     from distributed import LocalCluster
 
@@ -145,16 +146,10 @@ def test_a_two_worker_local_dask_cluster_runs_the_sweep_and_a_rerun_trains_nothi
     assert greedy["responses"] == 2 and len(results["runs"]["grpo"]["curves"]["reward"]) == 2
 
 
-def test_local_worker_processes_give_the_runs_the_cluster_gives(tmp_path, start_file):
-    specs = specs_for(tmp_path / "local", start_file, [("grpo", Variant())])
-    done = sweep.run_sweep(specs, workers=1, progress=False)
-    assert done[0]["trained"] and done[0]["evaluated"]
-    assert sweep.run_sweep(specs, workers=1, progress=False) == []
-
-
 def test_a_run_that_fails_fails_alone_and_the_sweep_says_so_in_one_line(tmp_path, start_file):
-    """Issue 58, item 9: a run whose folder another process writes fails; its partner is trained and kept,
-    and the failure is one line naming the run (SweepFailed: the command prints it, exit 2)."""
+    """Issue 58, item 9: a run whose folder another process writes fails; its partner is trained, evaluated
+    and kept by its local worker process, and the failure is one line naming the run (SweepFailed: the
+    command prints it, exit 2)."""
     specs = specs_for(tmp_path / "local", start_file, [("grpo", Variant()), ("no_kl", Variant(kl="none"))])
     busy = Path(specs[1]["folder"])
     busy.mkdir(parents=True)
@@ -171,7 +166,10 @@ def test_a_run_that_fails_fails_alone_and_the_sweep_says_so_in_one_line(tmp_path
     message = str(failed.value)
     assert "\n" not in message and message.startswith("1 sweep run(s) failed"), message
     assert "no_kl: RunFolderBusyError: " in message and f"pid {holder.pid}" in message, message
+    # the healthy run was trained and evaluated in its worker process, and a rerun of it trains nothing
     assert RunFolder(specs[0]["folder"]).is_finished()
+    assert RunFolder(f"{specs[0]['folder']}/evaluation/grpo").is_finished()
+    assert sweep.run_sweep(specs[:1], workers=1, progress=False) == []
 
 
 def test_the_committed_sweep_is_complete_for_this_code():

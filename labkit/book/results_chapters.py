@@ -100,14 +100,15 @@ def chapter9(run: Path, labels: list[dict]) -> tuple[str, list[str]]:
 def chapter10(run: Path, labels: list[dict]) -> tuple[str, list[str]]:
     """(the results page's line, the detail page's section) for chapter 10: a learned reward, RL from the base."""
     from ..studies import overoptimisation, sweep
-    from ..studies import overoptimisation_summary as oos
+    from ..studies import overoptimisation_summary
 
     sweep_file = sweep.REPO_ROOT / "sweeps" / CHAPTER10_FILE
     references = {"warm_start": run / "evaluation" / "warm_start", "grpo": run / "evaluation" / "grpo",
                   "format_base": run / "format_base" / "evaluation" / "format_base"}
     rows = _sweep_rows(sweep_file, references, labels)
     learned = next(r for r in rows if r["name"] == "learned_reward")
-    settings = {s.name: oos.setting_summary(overoptimisation.read_setting(s.name)) for s in overoptimisation.SETTINGS}
+    settings = {s.name: overoptimisation_summary.setting_summary(overoptimisation.read_setting(s.name))
+                for s in overoptimisation.SETTINGS}
     over = [name for name, s in settings.items() if s["over_optimised"]]
     row = (f"- **Chapter 10**, GRPO on a learned reward and from the base (`sweeps/chapter10.json`), and a proxy "
            f"pushed (`overoptimisation`): `learned_reward` against the warm start, per draw, "

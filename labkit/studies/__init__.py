@@ -10,7 +10,8 @@
     overoptimisation,                        reward over-optimisation on real runs (chapter 10)
     overoptimisation_summary
     thinking_base, reasoning,                bases that can work a problem out, GRPO on worked answers
-    reasoning_report, skill_test             (chapter 11), whether a base keeps the skill it never uses
+    reasoning_report, skill_test,            (chapter 11), whether a base keeps the skill it never uses,
+    crossover                                pass@k up to 256 before and after RL
 
 May import: lab, task, config, models, train, grpo, eval.
 """
