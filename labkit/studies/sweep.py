@@ -56,7 +56,8 @@ TASKS = ("protocol", "worked")  # what a sweep file's runs learn (its top-level 
 WORKED_START = "rare_2"  # a worked run's thinking base when it names none (chapter 11's reference run's)
 # The preset's numbers a sweep file may change, per run or for the whole file: the budget (prompts per
 # iteration, G, iterations, learning rate), the clip, the KL coefficient and the run's seed.
-CONFIG_KEYS = ("prompts_per_iteration", "G", "grpo_iterations", "grpo_lr", "clip_eps", "kl_coef", "seed")
+CONFIG_KEYS = ("prompts_per_iteration", "G", "grpo_iterations", "grpo_lr", "clip_eps", "kl_coef", "seed",
+               "logprob_check_tol")
 SAMPLERS = ("reference", "fast")
 MAX_SEED = 2**62
 POOL_SIZE = 872  # the GRPO pool's problems (labkit.grpo.core.load_pool): an iteration draws at most all of them
