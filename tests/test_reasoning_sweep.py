@@ -58,3 +58,29 @@ def test_the_family_figure_draws_the_seeds_as_a_band_and_one_line_per_run():
     band = ax.collections[0].get_paths()[0].vertices
     assert {tuple(v) for v in band} >= {(1.0, 0.0), (2.0, 0.3), (3.0, 0.9), (1.0, 0.1), (2.0, 0.5), (3.0, 1.0)}
     assert [line.get_label() for line in ax.get_lines()] == ["x", "y"]
+
+
+def _row(name, think, right, d_right, d_think, p=0.001, entropy=(0.5, 0.05)):
+    """A row of reasoning_sweep.table's result, the same difference against each of the three seeds."""
+    against = {seed: {"accuracy_difference": d_right, "accuracy_p_holm": p, "think_difference": d_think,
+                      "think_p_holm": p} for seed in reasoning_sweep.SEEDS}
+    return {"name": name, "think_rate": think, "accuracy": right, "against": against,
+            "accuracy_beyond_seeds": p < reasoning_sweep.BEYOND_SEEDS_ALPHA and d_right != 0,
+            "think_beyond_seeds": p < reasoning_sweep.BEYOND_SEEDS_ALPHA and d_think != 0,
+            "entropy_start": entropy[0], "entropy_end": entropy[1]}
+
+
+def test_the_findings_name_what_changed_beyond_the_seeds_and_what_did_not():
+    result = {"partner": {"think_rate": 0.9, "entropy_start": 0.52, "entropy_end": 0.05},
+              "families": {"seeds": [], "advantage": [_row("worked_no_baseline", 0.645, 0.452, -0.133, -0.265),
+                                                      _row("worked_rloo", 0.93, 0.61, 0.029, 0.021, p=0.08)],
+                           "KL leash": [_row("worked_beta_1", 0.009, 0.016, -0.569, -0.901, entropy=(0.52, 0.51))],
+                           "controls": []}}
+    advantage, leash = reasoning_sweep.findings(result)
+    assert advantage == ("Advantage. Beyond the seeds: No baseline (A = r): right 45.2%, -13.3 points (-13.3 to -13.3 "
+                         "against the seeds, Holm p <= 0.0010 each); works it out 64.5%, -26.5 points (-26.5 to -26.5 "
+                         "against the seeds, Holm p <= 0.0010 each). Within the seeds: leave-one-out baseline (RLOO).")
+    assert leash.startswith("KL leash. Beyond the seeds: Beta 1: right 1.6%, -56.9 points")
+    assert reasoning_sweep.entropy_and_selection(result) == (
+        "Token entropy at the first iteration: 0.50 to 0.52; at the last, 0.05 to 0.05 in the 3 runs that work it "
+        "out in more than 50% of their test answers, and 0.51 to 0.51 in the 1 that do not (beta 1).")

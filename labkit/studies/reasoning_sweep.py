@@ -205,3 +205,74 @@ def one_winner_advantages(G: int = 8, names: tuple[str, ...] = (PARTNER, *FAMILI
         a = variants.resolve(variant_of[name], PRESETS[preset]).advantages(rewards)[0]
         out[name] = (float(a[0]), float(a[1]))
     return out
+
+
+CHANGES = {
+    "worked_grpo_seed_2": "the reference at training seed 2", "worked_grpo_seed_3": "the reference at training seed 3",
+    "worked_mean_only": "no std (A = r - mean)", "worked_no_baseline": "no baseline (A = r)",
+    "worked_rloo": "leave-one-out baseline (RLOO)", "worked_positive_only": "positive advantages only",
+    "worked_negative_only": "negative advantages only", "worked_split_64x2": "G = 2 (64 chains)",
+    "worked_split_32x4": "G = 4 (32 chains)", "worked_split_8x16": "G = 16 (8 chains)",
+    "worked_dynamic_sampling": "dynamic sampling (DAPO)", "worked_beta_0": "beta 0", "worked_beta_0p2": "beta 0.2",
+    "worked_beta_1": "beta 1", "worked_beta_5": "beta 5", "worked_updates_1": "1 update a batch",
+    "worked_updates_2_clip_0p99": "2 updates, clip 0.99 (none)", "worked_updates_4": "4 updates a batch",
+    "worked_updates_4_clip_0p99": "4 updates, clip 0.99 (none)", "worked_updates_16": "16 updates a batch",
+    "worked_updates_16_clip_0p99": "16 updates, clip 0.99 (none)", "worked_random_reward": "a random reward",
+    "worked_random_reward_clip_0p99": "a random reward, clip 0.99 (none)", "worked_format_reward": "a format-only reward",
+}
+"""what each run changes, in words (the sweep file names the same change in its options)"""
+
+
+def _effect(r: dict, what: str) -> str:
+    """"-13.3 points (-17.6 to -13.3 against the seeds, Holm p <= 0.0001 each)" for `what` of row r."""
+    d = [100 * t[f"{what}_difference"] for t in r["against"].values()]
+    p = max(t[f"{what}_p_holm"] for t in r["against"].values())
+    return (f"{100 * r['against'][PARTNER][f'{what}_difference']:+.1f} points ({min(d):+.1f} to {max(d):+.1f} "
+            f"against the seeds, Holm p <= {max(p, 1e-4):.4f} each)")
+
+
+def findings(result: dict) -> list[str]:
+    """One sentence per family of `table(...)`'s result: the runs whose setting changed the share right or
+    the share that works it out beyond the reference's training seeds (`BEYOND_SEEDS_ALPHA`), with their
+    differences, and the runs that stayed within the seeds."""
+    out = []
+    for family, rows in result["families"].items():
+        if family == "seeds" or not rows:
+            continue
+        beyond, within = [], []
+        for r in rows:
+            parts = [f"right {r['accuracy']:.1%}, {_effect(r, 'accuracy')}" if r["accuracy_beyond_seeds"] else None,
+                     f"works it out {r['think_rate']:.1%}, {_effect(r, 'think')}" if r["think_beyond_seeds"] else None]
+            parts = [p for p in parts if p]
+            change = CHANGES.get(r["name"], r["name"])
+            (beyond if parts else within).append(f"{change[0].upper()}{change[1:]}: {'; '.join(parts)}" if parts else change)
+        text = f"{family[0].upper()}{family[1:]}. " + (f"Beyond the seeds: {'. '.join(beyond)}. " if beyond else
+                                             "No run differs beyond the seeds. ")
+        out.append(text + (f"Within the seeds: {', '.join(within)}." if within else ""))
+    return out
+
+
+def entropy_and_selection(result: dict, selected_above: float = 0.5) -> str:
+    """The token entropy at the first and last iteration, for the runs whose test profile works it out
+    more often than `selected_above` (RL selected working) and for the others (Cui et al. 2025 report
+    that entropy falls as reward rises)."""
+    rows = [{"name": PARTNER, **result["partner"]}] + [r for rs in result["families"].values() for r in rs]
+    start = sorted({round(r["entropy_start"], 2) for r in rows})
+    groups = {True: [r for r in rows if r["think_rate"] > selected_above],
+              False: [r for r in rows if r["think_rate"] <= selected_above]}
+
+    def span(rs):
+        values = [r["entropy_end"] for r in rs]
+        return f"{min(values):.2f} to {max(values):.2f}"
+
+    return (f"Token entropy at the first iteration: {start[0]:.2f}" + (f" to {start[-1]:.2f}" if len(start) > 1 else "")
+            + f"; at the last, {span(groups[True])} in the {len(groups[True])} runs that work it out in more than "
+            f"{selected_above:.0%} of their test answers" + (f", and {span(groups[False])} in the {len(groups[False])} "
+                                                               f"that do not ({', '.join(CHANGES.get(r['name'], r['name']) for r in groups[False])})"
+                                                               if groups[False] else "") + ".")
+
+
+def histories(names, preset: str = "tiny", sweep_file: str | Path = SWEEP_FILE) -> dict[str, list[dict]]:
+    """{run: its history.json lines}, checked against each run's ledger, for the finished runs of `names`."""
+    folders = finished_folders(preset, sweep_file)
+    return {name: read_checked_json(folders[name] / "history.json") for name in names if name in folders}
