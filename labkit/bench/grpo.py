@@ -329,21 +329,13 @@ def _update_stages(loop, sampled) -> tuple[dict, list[dict], list[torch.Tensor]]
     work on `sampled`, one stage at a time, with the loop's scoring path (the same calls, in its order)."""
     from ..train.schedule import warmup_linear_decay
 
-    config, G, resolved, model = loop.config, loop.G, loop.resolved, loop.model
-    rollouts_ = sampled.rollouts
-    prompts, responses = [r.prompt_ids for r in rollouts_], [r.response_ids for r in rollouts_]
-    limit = max(config.max_new_tokens, scoring.MAX_NEW_TOKENS)
-    limits = (config.max_prompt_tokens, limit, config.max_prompt_tokens + limit)
+    config, resolved, model = loop.config, loop.resolved, loop.model
     times = dict.fromkeys(("batch", "reference forward", "policy forward", "loss", "backward", "step"), 0.0)
     t = time.perf_counter()
-    batch = scoring.make_batch(prompts, responses, pad_id=loop.tokenizer.pad_token_id, limits=limits)
-    logp_old = core.padded([r.logp_old for r in rollouts_], batch.response_mask.shape[1])
-    scorer = (core.shared_prompt_scorer(prompts, responses, G, loop.tokenizer.pad_token_id, limits=limits,
-                                        bucket_tokens=loop.bucket_tokens)
-              if loop.shared_prompts else core.plain_scorer(batch))
+    rows = core.learning_rows(loop, sampled)
     times["batch"] += time.perf_counter() - t
     t = time.perf_counter()
-    ref_scores = core.reference_scores(loop.reference, batch, scorer)
+    ref_scores = core.reference_scores(loop.reference, rows.batch, rows.scorer)
     times["reference forward"] += time.perf_counter() - t
     metrics, gradients = [], []
     for k in range(resolved.updates_per_iteration):
@@ -351,11 +343,13 @@ def _update_stages(loop, sampled) -> tuple[dict, list[dict], list[torch.Tensor]]
                                  config.final_lr_fraction)
         loop.optimizer.zero_grad(set_to_none=True)
         t = time.perf_counter()
-        logp_cur, logits_cur = scorer(model)
+        logp_cur, logits_cur = rows.scorer(model)
         times["policy forward"] += time.perf_counter() - t
         t = time.perf_counter()
-        loss, m = core.grpo_loss(logp_cur, logits_cur, ref_scores, batch.response_mask, logp_old,
-                                 sampled.advantages, G, config, resolved)
+        loss, m = core.grpo_loss(variants.LossBatch(
+            logp=logp_cur, logits=logits_cur, logp_ref=ref_scores[0], logits_ref=ref_scores[1], mask=rows.loss_mask,
+            measure_mask=rows.batch.response_mask, G=rows.G, logp_old=rows.logp_old, advantages=rows.advantages),
+            resolved)
         times["loss"] += time.perf_counter() - t
         t = time.perf_counter()
         loss.backward()
