@@ -44,11 +44,13 @@ OBJECTIVES = ("grpo", "dr_grpo", "dapo", "gspo", "cispo")
 AGGREGATIONS = ("sequence_mean", "token_mean", "constant")
 LOSS_REDUCTIONS = {"sequence_mean": "sequence", "token_mean": "token", "constant": "constant"}
 """each aggregation's name in the loop (`losses.reduce`, a variant's `reduction`)"""
+GSPO_CLIP_EPS, GSPO_CLIP_EPS_HIGH = 3e-4, 4e-4
+"""GSPO's clip of each response's ratio, [1 - 3e-4, 1 + 4e-4], as its paper sets it (the loop's GSPO term's)"""
 DEFAULTS = {  # each objective's parameters as its paper sets them
     "grpo": {"epsilon_low": 0.2, "epsilon_high": 0.2, "aggregation": "sequence_mean"},
     "dr_grpo": {"epsilon_low": 0.2, "epsilon_high": 0.2, "aggregation": "constant"},
     "dapo": {"epsilon_low": 0.2, "epsilon_high": 0.28, "aggregation": "token_mean"},
-    "gspo": {"epsilon_low": 3e-4, "epsilon_high": 4e-4},
+    "gspo": {"epsilon_low": GSPO_CLIP_EPS, "epsilon_high": GSPO_CLIP_EPS_HIGH},
     "cispo": {"weight_cap": 1.28, "aggregation": "token_mean"},  # 1 + the paper's eps_high of 0.28
 }
 
@@ -62,10 +64,10 @@ def aggregate(values: torch.Tensor, mask: torch.Tensor, aggregation: str,
     return losses.reduce(values, mask, None, LOSS_REDUCTIONS[aggregation], max_new_tokens)
 
 
-def clipped_term(rho: torch.Tensor, advantages: torch.Tensor, epsilon_low: float, epsilon_high: float) -> torch.Tensor:
-    """min(rho A, clip(rho, 1 - epsilon_low, 1 + epsilon_high) A), elementwise; rho (B, T) or (B,), A broadcast."""
+def clipped_term(rho: torch.Tensor, advantages: torch.Tensor, clip_eps: float, clip_eps_high: float) -> torch.Tensor:
+    """min(rho A, clip(rho, 1 - clip_eps, 1 + clip_eps_high) A), elementwise; rho (B, T) or (B,), A broadcast."""
     A = advantages.reshape(-1, *([1] * (rho.dim() - 1))).to(rho.dtype)
-    return torch.minimum(rho * A, rho.clamp(1.0 - epsilon_low, 1.0 + epsilon_high) * A)
+    return torch.minimum(rho * A, rho.clamp(1.0 - clip_eps, 1.0 + clip_eps_high) * A)
 
 
 def sequence_ratio(logp: torch.Tensor, logp_old: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:

@@ -379,8 +379,8 @@ KL_TABLE = {"exact": exact_kl_term, "k1": estimator_kl_term("k1"), "k2": estimat
 def sequence_ratio_term(logp, logp_old, advantages, mask, *, G, token_weights, clip_eps, clip_eps_high, reduction,
                         max_new_tokens):
     """GSPO: each response's ratio exp(mean_t log-ratio), clipped per response to the paper's
-    [1 - 3e-4, 1 + 4e-4] (`objectives.DEFAULTS`), a mean over each group's responses, then over groups."""
-    eps_low, eps_high = objectives.DEFAULTS["gspo"]["epsilon_low"], objectives.DEFAULTS["gspo"]["epsilon_high"]
+    [1 - 3e-4, 1 + 4e-4] (`objectives.GSPO_CLIP_EPS`), a mean over each group's responses, then over groups."""
+    eps_low, eps_high = objectives.GSPO_CLIP_EPS, objectives.GSPO_CLIP_EPS_HIGH
     s = objectives.sequence_ratio(logp, logp_old, mask)  # (B,)
     per_response = objectives.clipped_term(s, advantages, eps_low, eps_high)  # (B,)
     rows = per_response.shape[0]
