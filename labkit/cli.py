@@ -613,8 +613,10 @@ def _build_and_report(module, names: tuple[str, ...], args: argparse.Namespace) 
     from .lab.runs import read_json
 
     only = tuple(args.only.split(",")) if args.only else None
+    if args.resume and args.restart:
+        raise ValueError("--resume continues an unfinished attempt and --restart deletes it: pass one of them")
     times = module.run_all(args.preset, only=only, workers=args.workers, threads=args.threads,
-                           progress=not args.no_progress)
+                           progress=not args.no_progress, resume=args.resume, restart=args.restart)
     width = max(map(len, names)) + 1
     for name in names:
         if module.is_finished(name, args.preset):
@@ -940,6 +942,9 @@ def _add_chapter10_commands(sub) -> None:
         p.add_argument("--workers", type=int, default=2, help="runs at once, one process each (default: 2)")
         p.add_argument("--threads", type=int, default=1, help="torch CPU threads per worker (default: 1)")
         p.add_argument("--no-progress", action="store_true", help="no progress lines")
+        p.add_argument("--resume", action="store_true", help="continue each unfinished run from its newest state "
+                       "(a run that a Ctrl-C or a kill stopped)")
+        p.add_argument("--restart", action="store_true", help="delete each unfinished run's attempt and start it afresh")
         p.set_defaults(func=func)
 
 

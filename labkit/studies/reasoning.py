@@ -292,12 +292,12 @@ def train(name: str, preset: str = "tiny", cfg: ReasoningConfig | None = None, *
                     task=task or worked_task(run, cfg), bucket_tokens=shared_prompt.BUCKET_TOKENS)
 
 
-def _worker(job: tuple[str, str, int]) -> tuple[str, float]:
+def _worker(job: tuple[str, str, int, bool, bool]) -> tuple[str, float]:
     """One run in a worker process of `threads` torch threads (spawned: nothing shared with the parent)."""
-    name, preset, threads = job
+    name, preset, threads, resume, restart = job
     torch.set_num_threads(threads)
     t0 = time.perf_counter()
-    train(name, preset, progress=False)
+    train(name, preset, progress=False, resume=resume, restart=restart)
     return name, time.perf_counter() - t0
 
 
@@ -306,8 +306,10 @@ def is_finished(name: str, preset: str = "tiny") -> bool:
 
 
 def run_all(preset: str = "tiny", *, only: tuple[str, ...] | None = None, workers: int = 2, threads: int = 1,
-            progress: bool = True) -> dict[str, float]:
-    """Every run in `only` (default: all) not yet finished, `workers` at a time; returns {run: seconds}."""
+            progress: bool = True, resume: bool = False, restart: bool = False) -> dict[str, float]:
+    """Every run in `only` (default: all) not yet finished, `workers` at a time; returns {run: seconds}.
+    resume, restart: for every run that holds an unfinished attempt (`labkit.grpo.loop.run_grpo`'s: without
+    either, such a run is refused in one line)."""
     import concurrent.futures
     import multiprocessing
 
@@ -317,7 +319,7 @@ def run_all(preset: str = "tiny", *, only: tuple[str, ...] | None = None, worker
     times = {}
     context = multiprocessing.get_context("spawn")
     with concurrent.futures.ProcessPoolExecutor(max_workers=max(1, workers), mp_context=context) as pool:
-        for name, seconds in pool.map(_worker, [(n, preset, threads) for n in names]):
+        for name, seconds in pool.map(_worker, [(n, preset, threads, resume, restart) for n in names]):
             times[name] = seconds
             if progress:
                 print(f"reasoning: {name} done in {seconds:.0f} s", flush=True)
