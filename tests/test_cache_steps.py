@@ -62,15 +62,17 @@ def test_the_base_leaves_out_only_modules_it_reaches_and_says_why():
 
 
 def test_the_thinking_bases_leave_out_only_the_run_folders_plumbing_and_say_why():
-    """The thinking step's one exception (steps.THINKING_UNRECORDED_WHY): labkit.lab.runs, which it reaches; every
-    module that computes a base (the corpus, the phases, the samplers, the model) is in its fingerprint."""
+    """The thinking step's exceptions (steps.THINKING_UNRECORDED_WHY): the folders, the skeleton and the states,
+    which it reaches; every module that computes a base (the corpus, the phases, the samplers, the model) is in
+    its fingerprint."""
     step = steps.get_step("thinking")
+    plumbing = ("labkit.lab.runs", "labkit.lab.skeleton", "labkit.lab.state")
     reached = {key.partition(":")[0] for key in SOURCES.reach(list(step.entries))}
-    assert step.unrecorded == steps.THINKING_UNRECORDED == ("labkit.lab.runs",) and "labkit.lab.runs" in reached
+    assert step.unrecorded == steps.THINKING_UNRECORDED == plumbing and set(plumbing) <= reached
     assert steps.THINKING_UNRECORDED_WHY
     recorded = {key.partition(":")[0] for key in cache.code_fingerprint(step, SOURCES)}
     assert {"labkit.studies.thinking_base", "labkit.train.corpus", "labkit.eval.think_profile",
-            "labkit.models.presets"} <= recorded and "labkit.lab.runs" not in recorded
+            "labkit.models.presets"} <= recorded and not set(plumbing) & recorded
 
 
 def test_no_module_below_the_commands_names_a_higher_layers_file():
