@@ -108,3 +108,20 @@ def test_a_lonely_worked_answer_in_an_all_wrong_group_is_found_with_its_mean_onl
     out = reasoning_report.lonely_workers(group + right, 4)
     assert out["groups"] == 1 and out["advantages"] == [-1.732]
     assert out["worst"]["iteration"] == 3 and abs(out["worst"]["mean_only"] - (-0.2 - (-0.275 / 4))) < 1e-12
+
+
+def test_both_regimes_states_the_protocol_budgets_power_then_the_family_with_its_finding(monkeypatch):
+    monkeypatch.setattr(reasoning_sweep, "protocol_power", lambda preset="tiny": [
+        {"name": "grpo_16x8", "difference": 0.02375, "p": 0.04, "p_is_bound": False},
+        {"name": "grpo_16x8_seed_2", "difference": 0.00625, "p": 0.6, "p_is_bound": False}])
+    result = {"base": {"think_rate": 0.006, "accuracy": 0.015}, "seeds": list(reasoning_sweep.SEEDS), "missing": [],
+              "partner": {"think_rate": 0.9, "accuracy": 0.585, "kl_end": 0.1, "entropy_end": 0.05,
+                          "first_worked_iteration": 1, "signal_share_mean": 0.47},
+              "families": {"advantage": [{**_row("worked_no_baseline", 0.645, 0.452, -0.133, -0.265), "kl_end": 0.1,
+                                          "first_worked_iteration": 1, "signal_share_mean": 0.475}]}}
+    text = reasoning_sweep.both_regimes("advantage", result)
+    assert text.startswith("The protocol's regime (chapter 9's ablation budget): full GRPO against the warm start, "
+                           "per training seed, +2.4 points (p = 0.04); +0.6 points (p = 0.6)")
+    assert "worked_no_baseline" in text and "Advantage. Beyond the seeds: No baseline (A = r)" in text
+    with pytest.raises(ValueError, match="family 'seeds'"):
+        reasoning_sweep.both_regimes("seeds", result)
