@@ -125,3 +125,19 @@ def test_both_regimes_states_the_protocol_budgets_power_then_the_family_with_its
     assert "worked_no_baseline" in text and "Advantage. Beyond the seeds: No baseline (A = r)" in text
     with pytest.raises(ValueError, match="family 'seeds'"):
         reasoning_sweep.both_regimes("seeds", result)
+
+
+def test_the_detail_pages_table_has_a_row_per_finished_run_and_names_the_missing(monkeypatch):
+    from labkit.book import results_chapters
+
+    result = {"base": {"think_rate": 0.006, "accuracy": 0.015}, "seeds": list(reasoning_sweep.SEEDS),
+              "missing": ["worked_beta_0"],
+              "partner": {"think_rate": 0.91, "accuracy": 0.585, "kl_end": 0.117, "entropy_end": 0.048},
+              "families": {"advantage": [{**_row("worked_no_baseline", 0.645, 0.452, -0.133, -0.265, p=0.0004),
+                                          "kl_end": 0.136, "entropy_end": 0.193}]}}
+    monkeypatch.setattr(reasoning_sweep, "table", lambda *a, **k: result)
+    lines = results_chapters.reasoning_sweep_section()
+    assert "| `worked_grpo` | the reference | 91.0% | 58.5% | | | 0.117 | 0.048 | |" in lines
+    assert ("| `worked_no_baseline` | no baseline (A = r) | 64.5% | 45.2% | -26.5 (< 0.001) | -13.3 (< 0.001) | 0.136 "
+            "| 0.193 | worked, right |") in lines
+    assert lines[-1] == "Not trained yet: `worked_beta_0`."
