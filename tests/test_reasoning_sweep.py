@@ -84,3 +84,60 @@ def test_the_findings_name_what_changed_beyond_the_seeds_and_what_did_not():
     assert reasoning_sweep.entropy_and_selection(result) == (
         "Token entropy at the first iteration: 0.50 to 0.52; at the last, 0.05 to 0.05 in the 3 runs that work it "
         "out in more than 50% of their test answers, and 0.51 to 0.51 in the 1 that do not (beta 1).")
+
+
+def test_right_when_working_is_paired_over_the_chains_both_worked_out():
+    from labkit.studies import reasoning_report
+
+    row = lambda k, i, d, thinks, reward: {"k": k, "index": i, "draw": d, "thinks": thinks, "reward": reward}  # noqa: E731
+    before = [row(1, 0, 0, True, 0), row(1, 0, 1, False, 1), row(1, 1, 0, True, 1), row(2, 0, 0, False, 0)]
+    after = [row(1, 0, 0, True, 1), row(1, 0, 1, True, 1), row(1, 1, 0, True, 1), row(2, 0, 0, True, 0)]
+    t = reasoning_report.thinking_accuracy(before, after)
+    # pooled: 1 of 2 working answers right before, 3 of 4 after; chains (1,0) and (1,1) worked out by both
+    assert (t["before"], t["after"], t["thinking_before"], t["thinking_after"], t["chains"]) == (0.5, 0.75, 2, 4, 2)
+    assert t["mean_difference"] == 0.5 and t["p_permutation"] == 1.0  # one non-zero difference: no test
+
+
+def test_a_lonely_worked_answer_in_an_all_wrong_group_is_found_with_its_mean_only_advantage():
+    from labkit.studies import reasoning_report
+
+    rewards = [-0.025] * 3 + [-0.2]
+    group = [{"iteration": 3, "reward": 0, "thinks": i == 3, "optimised_reward": r, "advantage": a}
+             for i, (r, a) in enumerate(zip(rewards, [0.577, 0.577, 0.577, -1.732]))]
+    right = [dict(r, reward=1 if i == 0 else 0, thinks=True) for i, r in enumerate(group)]  # has a right answer
+    out = reasoning_report.lonely_workers(group + right, 4)
+    assert out["groups"] == 1 and out["advantages"] == [-1.732]
+    assert out["worst"]["iteration"] == 3 and abs(out["worst"]["mean_only"] - (-0.2 - (-0.275 / 4))) < 1e-12
+
+
+def test_both_regimes_states_the_protocol_budgets_power_then_the_family_with_its_finding(monkeypatch):
+    monkeypatch.setattr(reasoning_sweep, "protocol_power", lambda preset="tiny": [
+        {"name": "grpo_16x8", "difference": 0.02375, "p": 0.04, "p_is_bound": False},
+        {"name": "grpo_16x8_seed_2", "difference": 0.00625, "p": 0.6, "p_is_bound": False}])
+    result = {"base": {"think_rate": 0.006, "accuracy": 0.015}, "seeds": list(reasoning_sweep.SEEDS), "missing": [],
+              "partner": {"think_rate": 0.9, "accuracy": 0.585, "kl_end": 0.1, "entropy_end": 0.05,
+                          "first_worked_iteration": 1, "signal_share_mean": 0.47},
+              "families": {"advantage": [{**_row("worked_no_baseline", 0.645, 0.452, -0.133, -0.265), "kl_end": 0.1,
+                                          "first_worked_iteration": 1, "signal_share_mean": 0.475}]}}
+    text = reasoning_sweep.both_regimes("advantage", result)
+    assert text.startswith("The protocol's regime (chapter 9's ablation budget): full GRPO against the warm start, "
+                           "per training seed, +2.4 points (p = 0.04); +0.6 points (p = 0.6)")
+    assert "worked_no_baseline" in text and "Advantage. Beyond the seeds: No baseline (A = r)" in text
+    with pytest.raises(ValueError, match="family 'seeds'"):
+        reasoning_sweep.both_regimes("seeds", result)
+
+
+def test_the_detail_pages_table_has_a_row_per_finished_run_and_names_the_missing(monkeypatch):
+    from labkit.book import results_chapters
+
+    result = {"base": {"think_rate": 0.006, "accuracy": 0.015}, "seeds": list(reasoning_sweep.SEEDS),
+              "missing": ["worked_beta_0"],
+              "partner": {"think_rate": 0.91, "accuracy": 0.585, "kl_end": 0.117, "entropy_end": 0.048},
+              "families": {"advantage": [{**_row("worked_no_baseline", 0.645, 0.452, -0.133, -0.265, p=0.0004),
+                                          "kl_end": 0.136, "entropy_end": 0.193}]}}
+    monkeypatch.setattr(reasoning_sweep, "table", lambda *a, **k: result)
+    lines = results_chapters.reasoning_sweep_section()
+    assert "| `worked_grpo` | the reference | 91.0% | 58.5% | | | 0.117 | 0.048 | |" in lines
+    assert ("| `worked_no_baseline` | no baseline (A = r) | 64.5% | 45.2% | -26.5 (< 0.001) | -13.3 (< 0.001) | 0.136 "
+            "| 0.193 | worked, right |") in lines
+    assert lines[-1] == "Not trained yet: `worked_beta_0`."

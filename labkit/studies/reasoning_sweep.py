@@ -153,9 +153,10 @@ def table(preset: str = "tiny", sweep_file: str | Path = SWEEP_FILE) -> dict:
     return out
 
 
-def format_table(result: dict) -> str:
+def format_table(result: dict, families: tuple[str, ...] | None = None) -> str:
     """The table as text: one line per run; its difference from the reference (seed 1) with its Holm p, the
-    range of its differences from the three seeds, and whether it is beyond the seeds ("*")."""
+    range of its differences from the three seeds, and whether it is beyond the seeds ("*").
+    families: only these families' runs (default: every family, and the runs not finished yet)."""
     def pct(x):
         return f"{x:6.1%}"
 
@@ -175,13 +176,16 @@ def format_table(result: dict) -> str:
                  f"{p['kl_end']:>7.3f}{p['entropy_end']:>6.3f}{str(p['first_worked_iteration']):>4}"
                  f"{p['signal_share_mean']:>7.1%}")
     for family, rows in result["families"].items():
+        if families is not None and family not in families:
+            continue
         lines.append(f"-- {family}")
         for r in rows:
             lines.append(f"{r['name']:<31}{pct(r['think_rate']):>7}{pct(r['accuracy']):>7}  {diffs(r, 'accuracy'):<33}"
                          f"{diffs(r, 'think'):<33}{r['kl_end']:>7.3f}{r['entropy_end']:>6.3f}"
                          f"{str(r['first_worked_iteration']):>4}{r['signal_share_mean']:>7.1%}")
-    if result["missing"]:
-        lines.append(f"not finished yet: {', '.join(result['missing'])}")
+    missing = [n for n in result["missing"] if families is None or any(n in FAMILIES[f] for f in families)]
+    if missing:
+        lines.append(f"not finished yet: {', '.join(missing)}")
     return "\n".join(lines)
 
 
@@ -276,3 +280,47 @@ def histories(names, preset: str = "tiny", sweep_file: str | Path = SWEEP_FILE) 
     """{run: its history.json lines}, checked against each run's ledger, for the finished runs of `names`."""
     folders = finished_folders(preset, sweep_file)
     return {name: read_checked_json(folders[name] / "history.json") for name in names if name in folders}
+
+
+def protocol_power(preset: str = "tiny") -> list[dict]:
+    """What the protocol's regime can show at all: GRPO at the ablation budget (`labkit.studies.ablations`:
+    16 prompts x G = 8, 40 iterations) against the warm start it starts from, for each of its three
+    training seeds, paired over the 200 test problems x 4 draws.  A piece removed there can only show
+    an effect smaller than GRPO's own."""
+    from . import ablations
+
+    runs = ablations.load(preset, ablations.SEEDS["grpo"])
+    warm = ablations.warm_start_evaluation(preset)
+    out = []
+    for name, run in runs.items():
+        test = ablations.compare(warm, run)["test_sample"]
+        out.append({"name": name, "difference": test["mean_difference"], "p": test["p_permutation"],
+                    "p_is_bound": paired.at_floor(test["p_permutation"], test["p_permutation_method"])})
+    return out
+
+
+def both_regimes(family: str, result: dict | None = None, preset: str = "tiny") -> str:
+    """A chapter's "what if we remove it?" in both regimes, as text: the protocol budget's own power
+    (`protocol_power`), then the reasoning sweep's `family` against the reference's seeds, with its
+    generated finding (`findings`)."""
+    if family not in FAMILIES or family == "seeds":
+        raise ValueError(f"family {family!r}: expected one of {[f for f in FAMILIES if f != 'seeds']}")
+    result = result or table(preset)
+    power = protocol_power(preset)
+    lines = ["The protocol's regime (chapter 9's ablation budget): full GRPO against the warm start, per training "
+             "seed, " + "; ".join(f"{100 * r['difference']:+.1f} points ({'p <= ' if r['p_is_bound'] else 'p = '}"
+                                  f"{r['p']:.2g})" for r in power)
+             + ": whatever a removed piece does there, it must show inside an effect this small.",
+             "", "Chapter 11's regime (GRPO from rare_2 on worked answers, where RL selects working):",
+             format_table({**result, "families": {family: result["families"][family]}}, (family,)), ""]
+    lines += [f for f in findings({**result, "families": {family: result["families"][family]}})]
+    return "\n".join(lines)
+
+
+def family_figure(family: str, keys: tuple[str, ...] = ("think_rate", "accuracy"), preset: str = "tiny"):
+    """The family's runs over GRPO iterations against the reference's three seeds (`plots_reasoning`)."""
+    from ..book import plots_reasoning
+
+    return plots_reasoning.plot_family_against_seeds(
+        histories(SEEDS, preset), histories(FAMILIES[family], preset),
+        f"Chapter 11's regime, {family}: each run against the reference's three seeds (grey band)", keys=keys)
