@@ -138,3 +138,47 @@ def verdict(run_name: str, preset: str = "tiny", alpha: float = paired.ALPHA) ->
     else:
         call = NO_CHANGE
     return {"run": run_name, "verdict": call, "think_test": thinks, **ba}
+
+
+def thinking_accuracy(before: list[dict], after: list[dict]) -> dict:
+    """Is the working itself better after RL, not only more frequent?  The share right among the answers
+    that work the chain out, before and after (pooled over the draws), and the per-chain difference of
+    that share, paired over the chains where both profiles worked it out at least once (a sign-flip
+    permutation test, `paired.permutation_p`)."""
+    def by_chain(rows):
+        out: dict[tuple[int, int], list[int]] = {}
+        for r in rows:
+            if r["thinks"]:
+                out.setdefault((r["k"], r["index"]), []).append(int(r["reward"]))
+        return out
+
+    a, b = by_chain(before), by_chain(after)
+    shared = sorted(set(a) & set(b))
+    differences = [sum(b[c]) / len(b[c]) - sum(a[c]) / len(a[c]) for c in shared]
+    p, method = paired.permutation_p(differences) if shared else (1.0, "exact")
+    pooled = lambda chains: (sum(sum(v) for v in chains.values()) / sum(len(v) for v in chains.values())  # noqa: E731
+                             if chains else None)
+    return {"before": pooled(a), "after": pooled(b), "thinking_before": sum(len(v) for v in a.values()),
+            "thinking_after": sum(len(v) for v in b.values()), "chains": len(shared),
+            "mean_difference": sum(differences) / len(differences) if shared else None,
+            "p_permutation": p, "p_permutation_method": method}
+
+
+def lonely_workers(rows: list[dict], G: int) -> dict:
+    """The groups in which no answer was right and some worked the chain out (a run's rollout rows, in
+    groups of G): how hard the std normalisation pushed a worked answer down there.  Returns the count of
+    such groups, the advantages of their worked answers, and the most negative one with its group's
+    optimised rewards and what the mean-only advantage (no std) would have been."""
+    groups = [rows[i:i + G] for i in range(0, len(rows), G)]
+    lonely = [g for g in groups if not any(r["reward"] for r in g) and any(r["thinks"] for r in g)
+              and len({r["optimised_reward"] for r in g}) > 1]
+    worked = [(r["advantage"], g) for g in lonely for r in g if r["thinks"]]
+    if not worked:
+        return {"groups": 0, "advantages": [], "worst": None}
+    advantage, group = min(worked, key=lambda t: t[0])
+    rewards = [r["optimised_reward"] for r in group]
+    mean = sum(rewards) / len(rewards)
+    loser = next(r for r in group if r["thinks"] and r["advantage"] == advantage)
+    return {"groups": len(lonely), "advantages": [a for a, _ in worked],
+            "worst": {"iteration": loser["iteration"], "advantage": advantage, "rewards": rewards,
+                      "mean_only": loser["optimised_reward"] - mean, "thinks": [bool(r["thinks"]) for r in group]}}
