@@ -1032,13 +1032,12 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-# What a user's mistake raises: shown as one line naming the value and the rule, not a traceback.
-# (LABKIT_TRACEBACK=1 shows the traceback, for debugging the lab itself.)
-USER_ERRORS = (FileExistsError, FileNotFoundError, ValueError, PermissionError)  # PermissionError: labkit.task.data.PhaseError
-
-
 def main(argv: list[str] | None = None) -> int:
+    """The command; a user's mistake is one line on stderr and exit 2 (`labkit.lab.errors.refused`), a Ctrl-C
+    one line and exit 130 (LABKIT_TRACEBACK=1 shows the traceback of either)."""
     import os
+
+    from .lab.errors import refused
 
     args = build_parser().parse_args(argv)
     for name in ("threads", "limit", "validation_limit", "draws", "batch_size", "max_new_tokens"):
@@ -1046,22 +1045,14 @@ def main(argv: list[str] | None = None) -> int:
         if value is not None and value < 1:
             print(f"error: --{name.replace('_', '-')} {value}: must be at least 1", file=sys.stderr)
             return 2
-    from .lab.runs import RunFolderError
-
     before = _folders(args)
     try:
-        return _run(args)
+        return refused(lambda: _run(args), on_refusal=lambda: _remove_left_locks(_folders(args) - before))
     except KeyboardInterrupt as err:  # labkit.lab.skeleton.Interrupted says which state to resume from
         if os.environ.get("LABKIT_TRACEBACK"):
             raise
         print(f"interrupted: {err}" if str(err) else "interrupted (Ctrl-C)", file=sys.stderr)
         return 130
-    except (*USER_ERRORS, OSError, RunFolderError) as err:
-        if os.environ.get("LABKIT_TRACEBACK"):
-            raise
-        _remove_left_locks(_folders(args) - before)
-        print(f"error: {error_line(err)}", file=sys.stderr)
-        return 2
 
 
 PATH_OPTIONS = ("run_dir", "out", "eval_root", "scratch_dir")  # the options that name a folder a command writes
@@ -1097,15 +1088,6 @@ def _remove_left_locks(created: set[Path]) -> None:
                 release_folder(folder)
         except (OSError, RunFolderBusyError):  # busy, or not empty after all: left as it is
             continue
-
-
-def error_line(err: BaseException) -> str:
-    """One line for a failure: an OSError of the system names its file and cause ("no space left on
-    device", "read-only file system"); the lab's own errors carry their message."""
-    if isinstance(err, OSError) and err.strerror and err.filename:
-        where = f"{err.filename} -> {err.filename2}" if err.filename2 else f"{err.filename}"
-        return f"{where}: {err.strerror[0].lower()}{err.strerror[1:]}"
-    return str(err) or type(err).__name__
 
 
 def _run(args: argparse.Namespace) -> int:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from labkit import cli
+from labkit.lab import errors
 from labkit.lab.runs import REPO_ROOT, sha256_file
 
 GRPO_RUN = REPO_ROOT / "runs" / "tiny" / "grpo"
@@ -116,9 +117,9 @@ def test_system_errors_are_one_line_naming_the_file_and_the_cause():
     import errno
 
     full = OSError(errno.ENOSPC, "No space left on device", "runs/tiny/grpo/states/iter-010.pt.gz")
-    assert cli.error_line(full) == "runs/tiny/grpo/states/iter-010.pt.gz: no space left on device"
+    assert errors.error_line(full) == "runs/tiny/grpo/states/iter-010.pt.gz: no space left on device"
     read_only = OSError(errno.EROFS, "Read-only file system", "runs/tiny/grpo/parts.json")
-    assert cli.error_line(read_only) == "runs/tiny/grpo/parts.json: read-only file system"
+    assert errors.error_line(read_only) == "runs/tiny/grpo/parts.json: read-only file system"
 
 
 def test_a_full_disk_during_a_state_save_names_the_file_and_leaves_nothing(tmp_path, monkeypatch):
@@ -156,7 +157,7 @@ def test_a_full_disk_during_a_state_save_names_the_file_and_leaves_nothing(tmp_p
     with pytest.raises(OSError) as err:
         state_lib.save_state(path, {"model": {"w": torch.randn(256, 256)}})
     assert err.value.errno == errno.ENOSPC and err.value.filename == str(path)
-    assert cli.error_line(err.value) == f"{path}: no space left on device"
+    assert errors.error_line(err.value) == f"{path}: no space left on device"
     assert list((tmp_path / "states").iterdir()) == [], "no half-written file is left"
 
 
@@ -231,3 +232,22 @@ def test_results_json_refuses_an_unfinished_evaluation_it_would_leave_out(capsys
         assert not (root / "results.json").exists()
     finally:
         shutil.rmtree(root, ignore_errors=True)
+
+
+def test_both_commands_refuse_through_one_helper_that_prints_one_line(capsys, monkeypatch):
+    """labkit.lab.errors.refused: a user's mistake is "error: <message>" and exit 2, after the clean-up it is
+    given; anything else is not its business; LABKIT_TRACEBACK=1 lets the mistake's traceback through."""
+    monkeypatch.delenv("LABKIT_TRACEBACK", raising=False)
+    cleaned = []
+
+    def bad():
+        raise ValueError("--beta -1: must be >= 0")
+
+    assert errors.refused(bad, on_refusal=lambda: cleaned.append(1)) == 2
+    assert capsys.readouterr().err == "error: --beta -1: must be >= 0\n" and cleaned == [1]
+    assert errors.refused(lambda: 0) == 0
+    with pytest.raises(ZeroDivisionError):
+        errors.refused(lambda: 1 / 0)
+    monkeypatch.setenv("LABKIT_TRACEBACK", "1")
+    with pytest.raises(ValueError):
+        errors.refused(bad)

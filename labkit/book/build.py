@@ -302,17 +302,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     """The command; a bad input (a missing or damaged file, a bad value) is one line on stderr and exit 2
-    (LABKIT_TRACEBACK=1 shows the traceback, as for `python -m labkit`)."""
-    from ..lab.runs import RunFolderError
+    (`labkit.lab.errors.refused`, as for `python -m labkit`)."""
+    from ..lab.errors import refused
 
     args = build_parser().parse_args(argv)
-    try:
-        return _run(args)
-    except (FileExistsError, FileNotFoundError, ValueError, PermissionError, RunFolderError) as err:
-        if os.environ.get("LABKIT_TRACEBACK"):
-            raise
-        print(f"error: {err}", file=sys.stderr)
-        return 2
+    return refused(lambda: _run(args))
 
 
 def _run(args: argparse.Namespace) -> int:

@@ -7,6 +7,7 @@
     runtime   seeds, deterministic kernels, versions, the code's and data's digests
     memory    the process's peak memory, measured one way
     workers   jobs in worker processes that fail alone and never outlive their command
+    errors    a user's mistake as one line and exit 2, for every command
     fingerprint  what a piece of code does: the definitions an entry point reaches, without prose or layout
     cache     what made each cached step of the tiny run (code fingerprints, file digests), and whether it is stale
 
