@@ -14,7 +14,7 @@ from typing import Callable
 from .runs import RunFolderError
 
 USER_ERRORS = (FileExistsError, FileNotFoundError, ValueError, PermissionError, OSError, RunFolderError)
-"""what a user's mistake raises (PermissionError: `labkit.task.data.PhaseError`; OSError: a full disk,
+"""what a user's mistake raises (PermissionError: data asked for in the wrong phase; OSError: a full disk,
 a read-only folder)"""
 EXIT_REFUSED = 2
 
