@@ -78,3 +78,16 @@ def plot_family_against_seeds(seeds: dict[str, list[dict]], runs: dict[str, list
     fig.suptitle(title, fontsize=10, x=0.01, ha="left")
     fig.tight_layout()
     return fig
+
+
+def plot_sweep_family(family: str, keys: tuple[str, ...] = ("think_rate", "accuracy"), preset: str = "tiny"):
+    """A family of the reasoning sweep (`labkit.studies.reasoning_sweep.FAMILIES`) over GRPO iterations against
+    the reference's three training seeds, read from the committed runs (`plot_family_against_seeds`)."""
+    from ..studies import reasoning_sweep
+
+    if family not in reasoning_sweep.FAMILIES or family == "seeds":
+        raise ValueError(f"family {family!r}: expected one of {[f for f in reasoning_sweep.FAMILIES if f != 'seeds']}")
+    return plot_family_against_seeds(
+        reasoning_sweep.histories(reasoning_sweep.SEEDS, preset),
+        reasoning_sweep.histories(reasoning_sweep.FAMILIES[family], preset),
+        f"Chapter 11's regime, {family}: each run against the reference's three seeds (grey band)", keys=keys)

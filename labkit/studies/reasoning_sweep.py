@@ -316,11 +316,3 @@ def both_regimes(family: str, result: dict | None = None, preset: str = "tiny") 
     lines += [f for f in findings({**result, "families": {family: result["families"][family]}})]
     return "\n".join(lines)
 
-
-def family_figure(family: str, keys: tuple[str, ...] = ("think_rate", "accuracy"), preset: str = "tiny"):
-    """The family's runs over GRPO iterations against the reference's three seeds (`plots_reasoning`)."""
-    from ..book import plots_reasoning
-
-    return plots_reasoning.plot_family_against_seeds(
-        histories(SEEDS, preset), histories(FAMILIES[family], preset),
-        f"Chapter 11's regime, {family}: each run against the reference's three seeds (grey band)", keys=keys)
