@@ -1,27 +1,16 @@
-"""labkit.studies.reasoning_sweep on hand-made rollouts and on the sweep file's plan."""
+"""labkit.studies.reasoning_sweep on hand-made histories and results, and on the sweep file's plan."""
 
 import pytest
 
 from labkit.studies import reasoning_sweep
 
 
-def rows(iteration, groups):
-    """One row per (thinks, optimised reward) pair, groups in order."""
-    return [{"iteration": iteration, "thinks": t, "optimised_reward": r} for g in groups for t, r in g]
-
-
-def test_group_signal_counts_groups_whose_rewards_differ_and_the_first_worked_answer():
-    silent, mixed, worked_silent = [(False, 0.0), (False, 0.0)], [(True, 1.0), (False, 0.0)], [(True, 0.0), (False, 0.0)]
-    found = reasoning_sweep.group_signal(rows(1, [silent, silent]) + rows(2, [worked_silent, silent])
-                                         + rows(3, [mixed, mixed]), G=2)
-    # iteration 2's worked answer earned nothing (a silent group) but is the first worked answer
-    assert found == {"first_worked_iteration": 2, "signal_share": [0.0, 0.0, 1.0]}
-    assert reasoning_sweep.group_signal(rows(1, [silent]), G=2)["first_worked_iteration"] is None
-
-
-def test_group_signal_refuses_rows_that_are_not_whole_groups():
-    with pytest.raises(ValueError, match="iteration 1: 3 rollouts are not groups of G = 2"):
-        reasoning_sweep.group_signal(rows(1, [[(False, 0.0)] * 3]), G=2)
+def test_group_signal_reads_the_history_first_worked_iteration_and_share_with_signal():
+    line = lambda i, think, silent: {"iteration": i, "think_rate": think,  # noqa: E731
+                                     "optimised/frac_reward_zero_std": silent}
+    found = reasoning_sweep.group_signal([line(1, 0.0, 1.0), line(2, 0.125, 0.75), line(3, 0.5, 0.0)])
+    assert found == {"first_worked_iteration": 2, "signal_share": [0.0, 0.25, 1.0]}
+    assert reasoning_sweep.group_signal([line(1, 0.0, 1.0)])["first_worked_iteration"] is None
 
 
 def test_every_run_of_the_sweep_file_is_in_one_family_and_the_partner_in_none():

@@ -12,7 +12,7 @@ working draws), and the p-values are corrected by Holm's method within each fami
 Two more yardsticks: the base itself (rare_2's own test profile: where the runs started), and the
 partner's two other training seeds, whose difference from the partner is what chance alone moves.
 
-From each run's rollouts: the first iteration in which a group held a worked answer, and the share
+From each run's history: the first iteration in which a group held a worked answer, and the share
 of groups with signal (rewards not all equal: the only groups whose advantages are not all 0).
 """
 
@@ -23,7 +23,6 @@ import json
 from pathlib import Path
 
 from ..eval import paired
-from ..grpo import loop
 from ..lab.runs import RunFolder, read_checked_json
 from . import reasoning_report, thinking_base
 
@@ -63,31 +62,21 @@ def profile_rows(folder: Path) -> list[dict]:
     return json.loads(gzip.decompress((folder / "profile.json.gz").read_bytes()))["rows"]
 
 
-def group_signal(rows: list[dict], G: int) -> dict:
-    """From a run's rollout rows (`loop.read_rollouts`: each iteration's rows in groups of G, in the order
-    written): the first iteration in which a group held a worked answer (None: never), and per iteration
-    the share of groups whose optimised rewards are not all equal."""
-    by_iteration: dict[int, list[dict]] = {}
-    for row in rows:
-        by_iteration.setdefault(row["iteration"], []).append(row)
-    first_worked, with_signal = None, []
-    for iteration in sorted(by_iteration):
-        rows_now = by_iteration[iteration]
-        if len(rows_now) % G:
-            raise ValueError(f"iteration {iteration}: {len(rows_now)} rollouts are not groups of G = {G}")
-        groups = [rows_now[i:i + G] for i in range(0, len(rows_now), G)]
-        if first_worked is None and any(r["thinks"] for r in rows_now):
-            first_worked = iteration
-        with_signal.append(sum(len({r["optimised_reward"] for r in g}) > 1 for g in groups) / len(groups))
-    return {"first_worked_iteration": first_worked, "signal_share": with_signal}
+def group_signal(history: list[dict]) -> dict:
+    """From a run's history (one line per iteration): the first iteration in which a response worked the
+    chain out (None: never), and per iteration the share of groups whose optimised rewards are not all
+    equal (1 - `optimised/frac_reward_zero_std`: the only groups whose advantages are not all 0)."""
+    first_worked = next((h["iteration"] for h in history if h["think_rate"] > 0), None)
+    return {"first_worked_iteration": first_worked,
+            "signal_share": [1.0 - h["optimised/frac_reward_zero_std"] for h in history]}
 
 
-def summary(folder: Path, G: int, rows: list[dict] | None = None) -> dict:
+def summary(folder: Path, rows: list[dict] | None = None) -> dict:
     """One run: think rate and share right on the test profile, KL and entropy at its last iteration,
     and its groups' signal."""
     rows = profile_rows(folder) if rows is None else rows
     history = read_checked_json(folder / "history.json")
-    signal = group_signal(loop.read_rollouts(folder), G)
+    signal = group_signal(history)
     return {"think_rate": sum(bool(r["thinks"]) for r in rows) / len(rows),
             "accuracy": sum(r["reward"] for r in rows) / len(rows),
             "kl_end": history[-1]["kl"], "entropy_start": history[0]["entropy"], "entropy_end": history[-1]["entropy"],
@@ -115,12 +104,11 @@ def table(preset: str = "tiny", sweep_file: str | Path = SWEEP_FILE) -> dict:
     folders = finished_folders(preset, sweep_file)
     if PARTNER not in folders:
         raise FileNotFoundError(f"{PARTNER} is not finished: `python -m labkit sweep {sweep_file}` trains it")
-    G_of = {s["name"]: s["G"] for s in specs(preset, sweep_file)}
     base_rows = thinking_base.read_profile("rare_2", preset)["rows"]
     seed_rows = {name: profile_rows(folders[name]) for name in SEEDS if name in folders}
     out = {"base": {"think_rate": sum(bool(r["thinks"]) for r in base_rows) / len(base_rows),
                     "accuracy": sum(r["reward"] for r in base_rows) / len(base_rows)},
-           "partner": summary(folders[PARTNER], G_of[PARTNER], seed_rows[PARTNER]), "seeds": list(seed_rows),
+           "partner": summary(folders[PARTNER], seed_rows[PARTNER]), "seeds": list(seed_rows),
            "families": {}, "missing": []}
     for family, names in FAMILIES.items():
         rows = []
@@ -129,7 +117,7 @@ def table(preset: str = "tiny", sweep_file: str | Path = SWEEP_FILE) -> dict:
                 out["missing"].append(name)
                 continue
             run_rows = profile_rows(folders[name])
-            row = {"name": name, **summary(folders[name], G_of[name], run_rows), "against": {}}
+            row = {"name": name, **summary(folders[name], run_rows), "against": {}}
             for seed, reference in seed_rows.items():
                 if seed == name:
                     continue
