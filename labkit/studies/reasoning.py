@@ -34,7 +34,7 @@ Each run is trained by the lab's one GRPO loop (`labkit.grpo.loop.run_grpo` with
 iteration, `--resume` bit for bit) with chapter 11's rows: `history.json`, `rollouts.jsonl.gz` (one
 row per response: rollout id, iteration, problem id, `problem` {initial, movements}, text, finish
 reason, tokens, true reward, optimised reward, advantage, think flag, steps, steps right, category;
-not the token ids, so that the committed cache stays under its 50 MB), `timings.jsonl`,
+not the token ids, so that the committed cache stays under its 50 MB), `timings.jsonl.gz`,
 `checkpoints.jsonl` (the validation profiles), `profile.json.gz`, `manifest.json`, FINISHED;
 `model.safetensors` stays local (its digest is in the manifest).  The updates score each prompt
 once and the responses in buckets of similar length (`labkit.models.shared_prompt`).
