@@ -172,13 +172,12 @@ def lonely_workers(rows: list[dict], G: int) -> dict:
     groups = [rows[i:i + G] for i in range(0, len(rows), G)]
     lonely = [g for g in groups if not any(r["reward"] for r in g) and any(r["thinks"] for r in g)
               and len({r["optimised_reward"] for r in g}) > 1]
-    worked = [(r["advantage"], g) for g in lonely for r in g if r["thinks"]]
+    worked = [(r, g) for g in lonely for r in g if r["thinks"]]
     if not worked:
         return {"groups": 0, "advantages": [], "worst": None}
-    advantage, group = min(worked, key=lambda t: t[0])
+    loser, group = min(worked, key=lambda t: t[0]["advantage"])
     rewards = [r["optimised_reward"] for r in group]
-    mean = sum(rewards) / len(rewards)
-    loser = next(r for r in group if r["thinks"] and r["advantage"] == advantage)
-    return {"groups": len(lonely), "advantages": [a for a, _ in worked],
-            "worst": {"iteration": loser["iteration"], "advantage": advantage, "rewards": rewards,
-                      "mean_only": loser["optimised_reward"] - mean, "thinks": [bool(r["thinks"]) for r in group]}}
+    return {"groups": len(lonely), "advantages": [r["advantage"] for r, _ in worked],
+            "worst": {"iteration": loser["iteration"], "advantage": loser["advantage"], "rewards": rewards,
+                      "mean_only": loser["optimised_reward"] - sum(rewards) / len(rewards),
+                      "thinks": [bool(r["thinks"]) for r in group]}}
