@@ -91,8 +91,10 @@ def _commands(preset: str, device: str | None, threads: int | None) -> list[tupl
         # CPU only, two worker processes of one thread each (its runs are recorded with that count)
         steps.append(("overoptimisation", ["overoptimisation", "--preset", preset, "--workers", "2", "--no-progress"]))
         steps.append(("gradient_study", ["gradient-study", "--preset", preset, "--no-progress"]))
-        steps.append(("thinking", ["thinking-bases", "--preset", preset, "--workers", "2", "--no-progress"]))
-        steps.append(("reasoning", ["reasoning", "--preset", preset, "--workers", "2", "--no-progress"]))
+        # --resume: a base or run that this rebuild's earlier attempt left (a Ctrl-C, a killed session) goes on
+        # from its newest state; a stale step's folder was moved aside first, so no state of other code is there
+        steps.append(("thinking", ["thinking-bases", "--preset", preset, "--workers", "2", "--no-progress", "--resume"]))
+        steps.append(("reasoning", ["reasoning", "--preset", preset, "--workers", "2", "--no-progress", "--resume"]))
         steps.append(("skill_test", ["skill-test", "--preset", preset]))
     return steps
 

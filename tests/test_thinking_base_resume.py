@@ -72,3 +72,12 @@ def test_a_state_of_another_setting_is_refused_by_name(small, tmp_path):
                                measure_every=3, profile_draws=1, rows_per_step=2)
     with pytest.raises(ValueError, match=r"belongs to another thinking base or setting: identity fields \['phase'\]"):
         thinking_base.build_base("tiny_phase", cfg=other, resume=True, progress=False)
+
+
+def test_the_bases_run_in_waves_each_after_the_base_it_continues():
+    cfg = thinking_base.ThinkingBaseConfig()
+    assert thinking_base.waves(["skill", "rare_0", "rare_2", "rare_10", "control"], cfg, set()) == \
+        [["skill", "control"], ["rare_0", "rare_2", "rare_10"]]
+    assert thinking_base.waves(["rare_2"], cfg, {"skill"}) == [["rare_2"]]
+    with pytest.raises(ValueError, match=r"continue bases that are neither built nor asked for: \['skill'\]"):
+        thinking_base.waves(["rare_2"], cfg, set())

@@ -310,19 +310,23 @@ def run_all(preset: str = "tiny", *, only: tuple[str, ...] | None = None, worker
     """Every run in `only` (default: all) not yet finished, `workers` at a time; returns {run: seconds}.
     resume, restart: for every run that holds an unfinished attempt (`labkit.grpo.loop.run_grpo`'s: without
     either, such a run is refused in one line)."""
-    import concurrent.futures
-    import multiprocessing
+    from ..lab.workers import run_in_processes
 
     for name in only or ():
         get_run(name)  # an unknown name is refused before any work
     names = [n for n in RUN_NAMES if (not only or n in only) and not is_finished(n, preset)]
-    times = {}
-    context = multiprocessing.get_context("spawn")
-    with concurrent.futures.ProcessPoolExecutor(max_workers=max(1, workers), mp_context=context) as pool:
-        for name, seconds in pool.map(_worker, [(n, preset, threads, resume, restart) for n in names]):
-            times[name] = seconds
-            if progress:
-                print(f"reasoning: {name} done in {seconds:.0f} s", flush=True)
+    times, failed = {}, []
+    for job, result, error in run_in_processes(  # a worker never outlives the command
+            _worker, [(n, preset, threads, resume, restart) for n in names], workers):
+        if error is not None:
+            failed.append(f"{job[0]}: {error}")
+            continue
+        name, seconds = result
+        times[name] = seconds
+        if progress:
+            print(f"reasoning: {name} done in {seconds:.0f} s", flush=True)
+    if failed:
+        raise RuntimeError("reasoning runs failed: " + "; ".join(failed))
     if all_finished(preset):
         write_step_manifest(preset)
     return times

@@ -398,13 +398,28 @@ def all_finished(preset: str = "tiny") -> bool:
     return all(is_finished(n, preset) for n in BASES)
 
 
+def waves(names: list[str], cfg: ThinkingBaseConfig, built: set[str]) -> list[list[str]]:
+    """`names` in waves that can run side by side: each base after the one it continues (a base of `built`,
+    or one of an earlier wave); refused when a base waits for one that no wave builds."""
+    out, ready, left = [], set(built), list(names)
+    while left:
+        wave = [n for n in left if cfg.phase(n).start == "committed" or cfg.phase(n).start in ready]
+        if not wave:
+            raise ValueError(f"thinking bases {left} continue bases that are neither built nor asked for: "
+                             f"{sorted({cfg.phase(n).start for n in left})}")
+        out.append(wave)
+        ready |= set(wave)
+        left = [n for n in left if n not in wave]
+    return out
+
+
 def run_all(preset: str = "tiny", *, only: tuple[str, ...] | None = None, workers: int = 2, threads: int = 1,
             progress: bool = True, resume: bool = False, restart: bool = False) -> dict[str, float]:
-    """Every base in `only` (default: all) not yet finished, `workers` at a time, each after the base it
-    continues; returns {base: seconds}.  resume, restart: for every base that holds an unfinished attempt
-    (`build_base`; without either, such a base is refused in one line, before any work)."""
-    import concurrent.futures
-    import multiprocessing
+    """Every base in `only` (default: all) not yet finished, `workers` at a time (`labkit.lab.workers`: a
+    worker never outlives the command), each after the base it continues; returns {base: seconds}.
+    resume, restart: for every base that holds an unfinished attempt (`build_base`; without either, such a
+    base is refused in one line, before any work)."""
+    from ..lab.workers import run_in_processes
 
     cfg = ThinkingBaseConfig()
     for name in only or ():
@@ -415,27 +430,25 @@ def run_all(preset: str = "tiny", *, only: tuple[str, ...] | None = None, worker
         refuse_earlier_attempt(RunFolder(default_run_dir(preset, name)), attempt, resume, restart)
     times: dict[str, float] = {}
     try:
-        context = multiprocessing.get_context("spawn")
-        with concurrent.futures.ProcessPoolExecutor(max_workers=max(1, workers), mp_context=context) as pool:
-            running = {}
-            while waiting or running:
-                for name in list(waiting):  # start every base whose start model is ready
-                    start = cfg.phase(name).start
-                    if len(running) < max(1, workers) and (start == "committed" or is_finished(start, preset)):
-                        running[pool.submit(_worker, (name, preset, threads, resume, restart))] = name
-                        waiting.remove(name)
-                if not running:
-                    raise RuntimeError(f"bases {waiting} wait for a start model that no run will build")
-                done, _ = concurrent.futures.wait(running, return_when=concurrent.futures.FIRST_COMPLETED)
-                for future in done:
-                    name, seconds = future.result()
-                    del running[future]
-                    times[name] = seconds
-                    if progress:
-                        print(f"thinking base {name} done in {seconds:.0f} s", flush=True)
+        for wave in waves(waiting, cfg, {n for n in BASES if is_finished(n, preset)}):
+            failed = []
+            for job, result, error in run_in_processes(
+                    _worker, [(n, preset, threads, resume, restart) for n in wave], workers):
+                if error is not None:
+                    failed.append(f"{job[0]}: {error}")
+                    continue
+                name, seconds = result
+                times[name] = seconds
+                if progress:
+                    print(f"thinking base {name} done in {seconds:.0f} s", flush=True)
+            if failed:
+                stopped = [f for f in failed if ": Interrupted: " in f]
+                if stopped:
+                    raise skeleton.Interrupted("; ".join(stopped))
+                raise RuntimeError("thinking bases failed: " + "; ".join(failed))
     except KeyboardInterrupt as err:
-        if isinstance(err, skeleton.Interrupted) and "--resume" in str(err):
-            raise  # a worker's own message names the base and the command
+        if isinstance(err, skeleton.Interrupted):
+            raise  # the workers' own messages name each base's state and --resume
         raise skeleton.Interrupted("thinking bases stopped (Ctrl-C): every unfinished base kept its newest state; "
                                    "continue with `python -m labkit thinking-bases --resume`") from None
     if all_finished(preset):
