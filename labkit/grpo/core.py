@@ -491,7 +491,7 @@ def learning_rows(loop: Loop, s: Sampled) -> Rows | None:
 def update_iteration(loop: Loop, s: Sampled) -> tuple[list[dict], dict]:
     """Stages 4-5: the rows to learn from, one reference forward, the updates (two in the protocol), the
     pre-update check riding on the first update's own forward, before its step.  (A variant may take
-    logp_old from the trainer, or have rows that are not the rollouts: `resolved.old_logprobs` then runs
+    logp_old from the trainer, or have rows that are not the rollouts: `resolved.logp_old_stage` then runs
     the check itself.)  Returns (the updates' metrics, the check's figures); marks the rollouts as used."""
     config, resolved = loop.config, loop.resolved
     check = {}
@@ -514,7 +514,7 @@ def update_iteration(loop: Loop, s: Sampled) -> tuple[list[dict], dict]:
         loop.next_update += resolved.updates_per_iteration
         return [], check
     ref_scores = reference_scores(loop.reference, rows.batch, rows.scorer)
-    rows, check_on_first_update, old_stats = resolved.old_logprobs(rows, loop.model, pre_update_check)
+    rows, check_on_first_update, old_stats = resolved.logp_old_stage(rows, loop.model, pre_update_check)
     check.update(old_stats)
     updates = []
     for k in range(resolved.updates_per_iteration):

@@ -646,7 +646,7 @@ class Resolved:
     """loss_mask(rollouts, response_mask (B, R)) -> (B, R): `all_tokens` or `drop_overlong` (overlong filtering)"""
     filters_overlong: bool
     """for the record: how many responses the filter took out"""
-    old_logprobs: Callable
+    logp_old_stage: Callable
     """where logp_old comes from (`LOGP_OLD_TABLE`; `no_logp_old` for an objective without a ratio)"""
     sampling_policy: Callable
     """sampling_policy(model) -> the model the iteration samples from (`SAMPLER_WEIGHTS_TABLE`)"""
@@ -679,7 +679,7 @@ def resolve(variant: Variant, config: PresetConfig, learned_verifier=None) -> Re
                  if variant.length_penalty else compute)
     objective = OBJECTIVE_TABLE[variant.objective]
     settings = {"reduction": variant.reduction, "max_new_tokens": config.max_new_tokens}
-    old_logprobs = (no_logp_old if not objective.on_rollouts
+    logp_old_stage = (no_logp_old if not objective.on_rollouts
                     else partial(importance_weighted_logp_old, tis_cap=variant.tis_cap) if variant.tis_cap is not None
                     else LOGP_OLD_TABLE[variant.logp_old_from])
     return Resolved(
@@ -691,7 +691,7 @@ def resolve(variant: Variant, config: PresetConfig, learned_verifier=None) -> Re
             clip_eps_high=config.clip_eps if variant.clip_eps_high is None else variant.clip_eps_high)),
         kl_term=partial(KL_TABLE[variant.kl], **settings, block_size=config.kl_block_size), kl_coef=config.kl_coef,
         refill=REFILL_TABLE[variant.dynamic_sampling], loss_mask=LOSS_MASK_TABLE[variant.overlong_filter],
-        filters_overlong=variant.overlong_filter, old_logprobs=old_logprobs,
+        filters_overlong=variant.overlong_filter, logp_old_stage=logp_old_stage,
         sampling_policy=SAMPLER_WEIGHTS_TABLE[variant.sampler_weights],
         strict_logprob_check=variant.sampler_weights == "float32",
         updates_per_iteration=variant.updates_per_iteration or config.updates_per_iteration,

@@ -34,7 +34,7 @@ Each run is trained by the lab's one GRPO loop (`labkit.grpo.loop.run_grpo` with
 iteration, `--resume` bit for bit) with chapter 11's rows: `history.json`, `rollouts.jsonl.gz` (one
 row per response: rollout id, iteration, problem id, `problem` {initial, movements}, text, finish
 reason, tokens, true reward, optimised reward, advantage, think flag, steps, steps right, category;
-not the token ids, so that the committed cache stays under its 50 MB), `timings.jsonl`,
+not the token ids, so that the committed cache stays under its 50 MB), `timings.jsonl.gz`,
 `checkpoints.jsonl` (the validation profiles), `profile.json.gz`, `manifest.json`, FINISHED;
 `model.safetensors` stays local (its digest is in the manifest).  The updates score each prompt
 once and the responses in buckets of similar length (`labkit.models.shared_prompt`).
@@ -55,7 +55,7 @@ from ..lab.runtime import deterministic
 from ..task import worked
 from ..config import TINY, ReasoningConfig
 from ..models import shared_prompt
-from ..grpo import core
+from ..grpo import core, losses
 from ..grpo.loop import CHECKPOINTS_PART, run_grpo, start_loop
 from ..grpo import variants
 from ..grpo.tasks import Task
@@ -191,7 +191,9 @@ def iteration_record(rows: list[dict], updates: list[dict], check: dict, iterati
 def record(loop: core.Loop, iteration: int, s: core.Sampled, updates: list[dict], check: dict) -> tuple[dict, list[dict]]:
     """The task's record (`labkit.grpo.tasks`): iteration counts from 0 in the loop, from 1 in the files."""
     rows = rollout_rows(s, iteration + 1)
-    return iteration_record(rows, updates, check, iteration + 1), rows
+    # the share of groups with no signal, as the protocol's record has it (the reasoning sweep reads it)
+    silent = float(losses.zero_variance_groups(s.optimised).float().mean())
+    return {**iteration_record(rows, updates, check, iteration + 1), "optimised/frac_reward_zero_std": silent}, rows
 
 
 def postfix(record: dict) -> dict:
