@@ -598,7 +598,8 @@ def cmd_overoptimisation(args: argparse.Namespace) -> int:
 
     only = tuple(args.only.split(",")) if args.only else None
     times = overoptimisation.run_all(args.preset, only=only, workers=args.workers, threads=args.threads,
-                                     overwrite=args.overwrite, progress=not args.no_progress)
+                                     overwrite=args.overwrite, progress=not args.no_progress, resume=args.resume,
+                                     restart=args.restart)
     for part, seconds in times.items():
         print(f"{part:<32} {seconds:7.0f} s")
     built = overoptimisation.is_built(args.preset)
@@ -924,6 +925,10 @@ def _add_chapter10_commands(sub) -> None:
     p.add_argument("--threads", type=int, default=1, help="torch CPU threads per worker (default: 1)")
     p.add_argument("--overwrite", action="store_true", help="rebuild everything (a built step is normally refused)")
     p.add_argument("--no-progress", action="store_true", help="no progress lines")
+    p.add_argument("--resume", action="store_true", help="continue each unfinished GRPO setting from its newest state "
+                   "(a setting that a Ctrl-C or a kill stopped)")
+    p.add_argument("--restart", action="store_true", help="delete each unfinished GRPO setting's attempt and start it "
+                   "afresh")
     p.set_defaults(func=cmd_overoptimisation)
 
     p = sub.add_parser("format-base", help="chapter 10: continue the tiny base's pretraining with 2%% of documents "

@@ -50,13 +50,14 @@ from pathlib import Path
 
 import torch
 
-from ..lab.runs import RunFolder, sha256_file, atomic_write_bytes, preset_folder, write_json
+from ..lab.runs import RunFolder, UnfinishedRunError, atomic_write_bytes, display_path, preset_folder, sha256_file, write_json
+from ..lab.skeleton import refuse_earlier_attempt
 from ..lab.runtime import deterministic
 from ..task import worked
 from ..config import TINY, ReasoningConfig
 from ..models import shared_prompt
 from ..grpo import core, losses
-from ..grpo.loop import CHECKPOINTS_PART, run_grpo, start_loop
+from ..grpo.loop import CHECKPOINTS_PART, _earlier_attempt, newest_state, run_grpo, start_loop
 from ..grpo import variants
 from ..grpo.tasks import Task
 from ..grpo.variants import Variant
@@ -309,26 +310,30 @@ def is_finished(name: str, preset: str = "tiny") -> bool:
 
 def run_all(preset: str = "tiny", *, only: tuple[str, ...] | None = None, workers: int = 2, threads: int = 1,
             progress: bool = True, resume: bool = False, restart: bool = False) -> dict[str, float]:
-    """Every run in `only` (default: all) not yet finished, `workers` at a time; returns {run: seconds}.
-    resume, restart: for every run that holds an unfinished attempt (`labkit.grpo.loop.run_grpo`'s: without
-    either, such a run is refused in one line)."""
-    from ..lab.workers import run_in_processes
+    """Every run in `only` (default: all) not yet finished, `workers` at a time (`labkit.lab.workers`: a
+    worker never outlives the command); returns {run: seconds}.  resume, restart: for every run that holds
+    an unfinished attempt (without either, such a run is refused in one line, before any work); a run not
+    yet begun simply starts."""
+    from ..lab.workers import each_result
 
     for name in only or ():
         get_run(name)  # an unknown name is refused before any work
     names = [n for n in RUN_NAMES if (not only or n in only) and not is_finished(n, preset)]
-    times, failed = {}, []
-    for job, result, error in run_in_processes(  # a worker never outlives the command
-            _worker, [(n, preset, threads, resume, restart) for n in names], workers):
-        if error is not None:
-            failed.append(f"{job[0]}: {error}")
-            continue
-        name, seconds = result
+    jobs = []
+    for name in names:  # each run's attempt decided before any work
+        folder = RunFolder(default_run_dir(preset, name))
+        attempt, state = _earlier_attempt(folder), newest_state(folder)
+        refuse_earlier_attempt(folder, attempt, resume, restart)
+        if resume and attempt and state is None:
+            raise UnfinishedRunError(f"{display_path(folder.path)} holds an unfinished attempt ({attempt}) but no "
+                                     "saved state to resume from: pass --restart to delete it and start afresh")
+        jobs.append((name, preset, threads, resume and state is not None, restart))
+    times = {}
+    for _, (name, seconds) in each_result(_worker, jobs, workers, what="reasoning runs",
+                                          command=f"python -m labkit reasoning --preset {preset} --resume"):
         times[name] = seconds
         if progress:
             print(f"reasoning: {name} done in {seconds:.0f} s", flush=True)
-    if failed:
-        raise RuntimeError("reasoning runs failed: " + "; ".join(failed))
     if all_finished(preset):
         write_step_manifest(preset)
     return times
