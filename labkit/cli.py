@@ -564,7 +564,8 @@ def cmd_format_base(args: argparse.Namespace) -> int:
     from .studies import format_base
 
     manifest = format_base.run_format_base(args.preset, args.run_dir, evaluate_limit=args.limit,
-                                           overwrite=args.overwrite, progress=not args.no_progress)
+                                           overwrite=args.overwrite, resume=args.resume, restart=args.restart,
+                                           progress=not args.no_progress)
     share = manifest["format_share"]
     print(f"format base: {manifest['counts']['steps']} updates, {manifest['counts']['lab_format_documents']} lab-format "
           f"documents; valid lab-format answers at temperature 1: {share['before']['valid']:.1%} before, "
@@ -935,6 +936,9 @@ def _add_chapter10_commands(sub) -> None:
                                            "in the lab's format until 5%% of its answers use it; then evaluate it")
     p.add_argument("--preset", default="tiny", choices=["tiny"], help="only 'tiny' (default: %(default)s)")
     common(p, "runs/tiny/format_base", "evaluate on the first N test problems per population")
+    p.add_argument("--resume", action="store_true", help="continue an unfinished run from its newest state "
+                   "(a run that a Ctrl-C or a kill stopped)")
+    p.add_argument("--restart", action="store_true", help="delete an unfinished run's attempt and start afresh")
     p.set_defaults(func=cmd_format_base)
 
     for name, func, what in (("thinking-bases", cmd_thinking_bases, "chapter 11: bases that can work a problem out "

@@ -87,7 +87,7 @@ def _commands(preset: str, device: str | None, threads: int | None) -> list[tupl
         ("reward_model", ["reward-model", *threaded]),
     ]
     if preset == "tiny":
-        steps.append(("format_base", ["format-base", *threaded]))
+        steps.append(("format_base", ["format-base", *threaded, "--resume"]))  # --resume: see the thinking bases
         steps.append(("grpo_large", ["grpo-large", *threaded]))
         # CPU only, two worker processes of one thread each (its runs are recorded with that count); --resume: as
         # for the thinking bases below

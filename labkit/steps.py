@@ -66,8 +66,10 @@ STEPS = (
          ("warm_start/model.safetensors",), outputs=("grpo_g2", "grpo_g8")),
     CacheStep("reward_model", "reward_model", ("labkit.studies.reward_model:run_reward_model",), (),
          ("warm_start/model.safetensors", "sft/model.safetensors")),
+    # the format base leaves the run folders' plumbing out as the thinking bases do, for the same reasons (its
+    # exact resume: tests/test_format_base.py); since 2026-12-06, when it came on the run skeleton (issue 58)
     CacheStep("format_base", "format_base", ("labkit.studies.format_base:run_format_base",), (*DATA_FILES, TOKENIZER),
-         ("base/model.safetensors",)),
+         ("base/model.safetensors",), unrecorded=THINKING_UNRECORDED),
     # chapters 6-7's larger run: trained, evaluated, and 64 draws of it and of the warm start for pass@k
     CacheStep("grpo_large", "grpo_large", ("labkit.studies.larger_run:train", "labkit.studies.larger_run:evaluate_all"),
          DATA_FILES, ("warm_start/model.safetensors",), done_file="pass_at_k/grpo_large/FINISHED"),
