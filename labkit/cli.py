@@ -413,7 +413,7 @@ def cmd_smoke(args: argparse.Namespace) -> int:
     report = smoke.run_smoke(args.preset, random_weights=args.random_weights, device=args.device, layers=args.layers,
                              head_dim=args.head_dim, run_dir=args.run_dir, max_new_tokens=args.max_new_tokens,
                              eval_problems=args.eval_problems, rewards=args.rewards, progress=not args.no_progress,
-                             state_compresslevel=args.state_compresslevel)
+                             state_compresslevel=args.state_compresslevel, restart=args.restart)
     smoke.print_report(report)
     return 0
 
@@ -800,6 +800,8 @@ def _add_training_commands(sub) -> None:
     p.add_argument("--run-dir", type=Path, default=None,
                    help="run folder (default: runs/scratch/smoke-qwen-<device>-<layers>l[-hd<head dim>]-<UTC "
                         "time>); a finished run there is refused")
+    p.add_argument("--restart", action="store_true", help="delete what a stopped smoke left in --run-dir and measure "
+                   "again (its stages run in one go: there is nothing to resume)")
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's)")
     p.add_argument("--no-progress", action="store_true", help="no progress line per stage")
     p.set_defaults(func=cmd_smoke)
