@@ -856,6 +856,13 @@ def _add_exercise_commands(sub) -> None:
     p.set_defaults(func=cmd_student)
 
 
+def resume_options(p: argparse.ArgumentParser, what: str) -> None:
+    """--resume and --restart for a command whose runs are on the run skeleton (`labkit.lab.skeleton`)."""
+    p.add_argument("--resume", action="store_true", help=f"continue {what} from its newest state (stopped by a "
+                   "Ctrl-C or a kill)")
+    p.add_argument("--restart", action="store_true", help=f"delete the attempt of {what} and start afresh")
+
+
 def _add_chapter10_commands(sub) -> None:
     """Subcommands: chapter 10's learned verifier and format-seeded base."""
 
@@ -928,19 +935,14 @@ def _add_chapter10_commands(sub) -> None:
     p.add_argument("--threads", type=int, default=1, help="torch CPU threads per worker (default: 1)")
     p.add_argument("--overwrite", action="store_true", help="rebuild everything (a built step is normally refused)")
     p.add_argument("--no-progress", action="store_true", help="no progress lines")
-    p.add_argument("--resume", action="store_true", help="continue each unfinished GRPO setting from its newest state "
-                   "(a setting that a Ctrl-C or a kill stopped)")
-    p.add_argument("--restart", action="store_true", help="delete each unfinished GRPO setting's attempt and start it "
-                   "afresh")
+    resume_options(p, "each unfinished GRPO setting")
     p.set_defaults(func=cmd_overoptimisation)
 
     p = sub.add_parser("format-base", help="chapter 10: continue the tiny base's pretraining with 2%% of documents "
                                            "in the lab's format until 5%% of its answers use it; then evaluate it")
     p.add_argument("--preset", default="tiny", choices=["tiny"], help="only 'tiny' (default: %(default)s)")
     common(p, "runs/tiny/format_base", "evaluate on the first N test problems per population")
-    p.add_argument("--resume", action="store_true", help="continue an unfinished run from its newest state "
-                   "(a run that a Ctrl-C or a kill stopped)")
-    p.add_argument("--restart", action="store_true", help="delete an unfinished run's attempt and start afresh")
+    resume_options(p, "an unfinished run")
     p.set_defaults(func=cmd_format_base)
 
     for name, func, what in (("thinking-bases", cmd_thinking_bases, "chapter 11: bases that can work a problem out "
