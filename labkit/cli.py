@@ -413,7 +413,7 @@ def cmd_smoke(args: argparse.Namespace) -> int:
     report = smoke.run_smoke(args.preset, random_weights=args.random_weights, device=args.device, layers=args.layers,
                              head_dim=args.head_dim, run_dir=args.run_dir, max_new_tokens=args.max_new_tokens,
                              eval_problems=args.eval_problems, rewards=args.rewards, progress=not args.no_progress,
-                             state_compresslevel=args.state_compresslevel)
+                             state_compresslevel=args.state_compresslevel, restart=args.restart)
     smoke.print_report(report)
     return 0
 
@@ -430,7 +430,8 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     sweep_file = args.file or sweep.DEFAULT_FILE
     runs = sweep.load_runs(sweep_file, args.preset)
     specs = sweep.plan(args.preset, runs, threads=args.threads, starts=sweep.load_starts(sweep_file),
-                       settings=sweep.load_settings(sweep_file), root=sweep.sweep_root(sweep_file, args.preset))
+                       settings=sweep.load_settings(sweep_file), root=sweep.sweep_root(sweep_file, args.preset),
+                       task=sweep.load_task(sweep_file))
     if args.plan:
         for s in specs:
             print(f"{s['name']:<28} {Path(s['folder']).name:<44} {'finished' if sweep._done(s) else 'to run'}")
@@ -563,7 +564,8 @@ def cmd_format_base(args: argparse.Namespace) -> int:
     from .studies import format_base
 
     manifest = format_base.run_format_base(args.preset, args.run_dir, evaluate_limit=args.limit,
-                                           overwrite=args.overwrite, progress=not args.no_progress)
+                                           overwrite=args.overwrite, resume=args.resume, restart=args.restart,
+                                           progress=not args.no_progress)
     share = manifest["format_share"]
     print(f"format base: {manifest['counts']['steps']} updates, {manifest['counts']['lab_format_documents']} lab-format "
           f"documents; valid lab-format answers at temperature 1: {share['before']['valid']:.1%} before, "
@@ -597,7 +599,8 @@ def cmd_overoptimisation(args: argparse.Namespace) -> int:
 
     only = tuple(args.only.split(",")) if args.only else None
     times = overoptimisation.run_all(args.preset, only=only, workers=args.workers, threads=args.threads,
-                                     overwrite=args.overwrite, progress=not args.no_progress)
+                                     overwrite=args.overwrite, progress=not args.no_progress, resume=args.resume,
+                                     restart=args.restart)
     for part, seconds in times.items():
         print(f"{part:<32} {seconds:7.0f} s")
     built = overoptimisation.is_built(args.preset)
@@ -612,8 +615,10 @@ def _build_and_report(module, names: tuple[str, ...], args: argparse.Namespace) 
     from .lab.runs import read_json
 
     only = tuple(args.only.split(",")) if args.only else None
+    if args.resume and args.restart:
+        raise ValueError("--resume continues an unfinished attempt and --restart deletes it: pass one of them")
     times = module.run_all(args.preset, only=only, workers=args.workers, threads=args.threads,
-                           progress=not args.no_progress)
+                           progress=not args.no_progress, resume=args.resume, restart=args.restart)
     width = max(map(len, names)) + 1
     for name in names:
         if module.is_finished(name, args.preset):
@@ -795,6 +800,8 @@ def _add_training_commands(sub) -> None:
     p.add_argument("--run-dir", type=Path, default=None,
                    help="run folder (default: runs/scratch/smoke-qwen-<device>-<layers>l[-hd<head dim>]-<UTC "
                         "time>); a finished run there is refused")
+    p.add_argument("--restart", action="store_true", help="delete what a stopped smoke left in --run-dir and measure "
+                   "again (its stages run in one go: there is nothing to resume)")
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's)")
     p.add_argument("--no-progress", action="store_true", help="no progress line per stage")
     p.set_defaults(func=cmd_smoke)
@@ -847,6 +854,13 @@ def _add_exercise_commands(sub) -> None:
     p.add_argument("--out", type=Path, default=Path("student"), help="output folder (default: %(default)s/)")
     p.add_argument("notebooks", nargs="*", type=Path, help="notebooks to copy (default: every notebooks/*.ipynb)")
     p.set_defaults(func=cmd_student)
+
+
+def resume_options(p: argparse.ArgumentParser, what: str) -> None:
+    """--resume and --restart for a command whose runs are on the run skeleton (`labkit.lab.skeleton`)."""
+    p.add_argument("--resume", action="store_true", help=f"continue {what} from its newest state (stopped by a "
+                   "Ctrl-C or a kill)")
+    p.add_argument("--restart", action="store_true", help=f"delete the attempt of {what} and start afresh")
 
 
 def _add_chapter10_commands(sub) -> None:
@@ -921,12 +935,14 @@ def _add_chapter10_commands(sub) -> None:
     p.add_argument("--threads", type=int, default=1, help="torch CPU threads per worker (default: 1)")
     p.add_argument("--overwrite", action="store_true", help="rebuild everything (a built step is normally refused)")
     p.add_argument("--no-progress", action="store_true", help="no progress lines")
+    resume_options(p, "each unfinished GRPO setting")
     p.set_defaults(func=cmd_overoptimisation)
 
     p = sub.add_parser("format-base", help="chapter 10: continue the tiny base's pretraining with 2%% of documents "
                                            "in the lab's format until 5%% of its answers use it; then evaluate it")
     p.add_argument("--preset", default="tiny", choices=["tiny"], help="only 'tiny' (default: %(default)s)")
     common(p, "runs/tiny/format_base", "evaluate on the first N test problems per population")
+    resume_options(p, "an unfinished run")
     p.set_defaults(func=cmd_format_base)
 
     for name, func, what in (("thinking-bases", cmd_thinking_bases, "chapter 11: bases that can work a problem out "
@@ -939,6 +955,9 @@ def _add_chapter10_commands(sub) -> None:
         p.add_argument("--workers", type=int, default=2, help="runs at once, one process each (default: 2)")
         p.add_argument("--threads", type=int, default=1, help="torch CPU threads per worker (default: 1)")
         p.add_argument("--no-progress", action="store_true", help="no progress lines")
+        p.add_argument("--resume", action="store_true", help="continue each unfinished run from its newest state "
+                       "(a run that a Ctrl-C or a kill stopped)")
+        p.add_argument("--restart", action="store_true", help="delete each unfinished run's attempt and start it afresh")
         p.set_defaults(func=func)
 
 

@@ -37,6 +37,7 @@ from pathlib import Path
 
 from . import steps
 from .lab import cache
+from .lab.errors import CommandFailed
 from .lab.runs import REPO_ROOT, is_finished, read_json, write_json
 from .studies import larger_run, overoptimisation, reasoning, thinking_base
 
@@ -86,13 +87,17 @@ def _commands(preset: str, device: str | None, threads: int | None) -> list[tupl
         ("reward_model", ["reward-model", *threaded]),
     ]
     if preset == "tiny":
-        steps.append(("format_base", ["format-base", *threaded]))
+        steps.append(("format_base", ["format-base", *threaded, "--resume"]))  # --resume: see the thinking bases
         steps.append(("grpo_large", ["grpo-large", *threaded]))
-        # CPU only, two worker processes of one thread each (its runs are recorded with that count)
-        steps.append(("overoptimisation", ["overoptimisation", "--preset", preset, "--workers", "2", "--no-progress"]))
+        # CPU only, two worker processes of one thread each (its runs are recorded with that count); --resume: as
+        # for the thinking bases below
+        steps.append(("overoptimisation", ["overoptimisation", "--preset", preset, "--workers", "2", "--no-progress",
+                                           "--resume"]))
         steps.append(("gradient_study", ["gradient-study", "--preset", preset, "--no-progress"]))
-        steps.append(("thinking", ["thinking-bases", "--preset", preset, "--workers", "2", "--no-progress"]))
-        steps.append(("reasoning", ["reasoning", "--preset", preset, "--workers", "2", "--no-progress"]))
+        # --resume: a base or run that this rebuild's earlier attempt left (a Ctrl-C, a killed session) goes on
+        # from its newest state; a stale step's folder was moved aside first, so no state of other code is there
+        steps.append(("thinking", ["thinking-bases", "--preset", preset, "--workers", "2", "--no-progress", "--resume"]))
+        steps.append(("reasoning", ["reasoning", "--preset", preset, "--workers", "2", "--no-progress", "--resume"]))
         steps.append(("skill_test", ["skill-test", "--preset", preset]))
     return steps
 
@@ -160,7 +165,10 @@ def run_all(preset: str, *, device: str | None = None, threads: int | None = Non
             continue
         print(f"[{step}] python -m labkit {' '.join(args)}", flush=True)
         t0 = time.perf_counter()
-        subprocess.run([sys.executable, "-m", "labkit", *args], check=True, cwd=REPO_ROOT)
+        finished = subprocess.run([sys.executable, "-m", "labkit", *args], cwd=REPO_ROOT)
+        if finished.returncode != 0:  # the step printed its own error: one line here, no traceback of ours
+            raise CommandFailed(f"step {step} failed (`python -m labkit {' '.join(args)}` exited "
+                                f"{finished.returncode}); the steps before it are kept")
         seconds = round(time.perf_counter() - t0, 1)
         report[step] = seconds
         if step != "data":

@@ -107,8 +107,8 @@ import torch
 # module first imported half-way through would be whatever the file holds by then.
 from .lab import memory, runtime
 from .lab import state as state_lib
-from .lab.runs import REPO_ROOT, RunFolder, display_path, write_json
-from .lab.skeleton import holding
+from .lab.runs import REPO_ROOT, RunFolder, UnfinishedRunError, display_path, read_json, write_json
+from .lab.skeleton import Interrupted, holding
 from .lab.runtime import deterministic, seed_everything
 from .config import get_preset
 from .models import presets, sampling, scoring  # noqa: F401  (scoring: imported now, see above)
@@ -979,7 +979,7 @@ def check_arguments(preset: str, random_weights: bool, device: str, layers: int,
 def run_smoke(preset: str = "qwen", *, random_weights: bool = True, device: str | None = None, layers: int = 24,
               head_dim: int = QWEN_HEAD_DIM, run_dir: str | Path | None = None, max_new_tokens: int | None = None,
               eval_problems: int = 1, rewards: str = "synthetic", progress: bool = True,
-              state_compresslevel: int = 1) -> dict:
+              state_compresslevel: int = 1, restart: bool = False) -> dict:
     """Run every stage once (see the module docstring); returns the report written to `smoke.json`.
 
     device          cpu or cuda (default: cuda when present)
@@ -999,6 +999,11 @@ def run_smoke(preset: str = "qwen", *, random_weights: bool = True, device: str 
     state_compresslevel  the state file's gzip level: 1 as the lab's runs save it (float32 weights
                     compress at about 30 MB/s); 0 stores them in the same format (the unit test:
                     it checks the save and the reload, not gzip's speed)
+    restart         delete what a stopped smoke left in `run_dir` and measure again (without it, such a
+                    folder is refused: the stages are measured in one go, so there is nothing to resume)
+
+    A Ctrl-C stops it at once with `skeleton.Interrupted`, naming the partial table (every finished
+    stage's row) and the command that measures again.
     """
 
     device = device or presets.default_device("qwen")
@@ -1006,8 +1011,23 @@ def run_smoke(preset: str = "qwen", *, random_weights: bool = True, device: str 
     check_arguments(preset, random_weights, device, layers, max_new_tokens, eval_problems, rewards, head_dim)
     folder = RunFolder(run_dir or default_run_dir(device, layers, head_dim))
     with holding(folder):  # the run skeleton's first stage: a finished run is refused, the lock released at the end
-        return _run_stages(folder, preset, device, layers, head_dim, max_new_tokens, eval_problems, rewards,
-                           progress, state_compresslevel)
+        if (folder / SMOKE_FILE).is_file():  # what a stopped smoke left: refused unless restart, never overwritten
+            if not restart:
+                stages = len(read_json(folder / SMOKE_FILE).get("stages", []))
+                raise UnfinishedRunError(
+                    f"{display_path(folder.path)} holds a stopped smoke run ({stages} stage(s) in {SMOKE_FILE}): its "
+                    "stages are measured in one go, so there is nothing to resume; pass --restart to delete it and "
+                    "measure again, or leave --run-dir out for a new folder")
+            folder.clear((SMOKE_FILE,))
+        try:
+            return _run_stages(folder, preset, device, layers, head_dim, max_new_tokens, eval_problems, rewards,
+                               progress, state_compresslevel)
+        except KeyboardInterrupt as err:
+            if isinstance(err, Interrupted):
+                raise
+            raise Interrupted(f"smoke stopped (Ctrl-C); the finished stages' rows are in "
+                              f"{display_path(folder / SMOKE_FILE)}: measure again with the same command and "
+                              "--restart (or without --run-dir, into a new folder)") from None
 
 
 def _run_stages(folder: RunFolder, preset: str, device: str, layers: int, head_dim: int, max_new_tokens: int,

@@ -35,15 +35,18 @@ BASE_UNRECORDED_WHY = (
     "input.")
 
 # The thinking bases' fingerprint leaves the run folders' plumbing out too: a change to how a folder is locked,
-# listed or written (the lock across threads of 2026-12-06) would otherwise rebuild the five bases (43 minutes on
-# two workers) for files that come out the same.
-THINKING_UNRECORDED = ("labkit.lab.runs",)
+# listed or written (the lock across threads of 2026-12-06), or to when a state is saved and how Ctrl-C stops a
+# base, would otherwise rebuild the five bases (43 minutes on two workers) for files that come out the same.
+THINKING_UNRECORDED = ("labkit.lab.runs", "labkit.lab.skeleton", "labkit.lab.state")
 THINKING_UNRECORDED_WHY = (
     "lab/runs.py decides whether and where a step writes (the folder's lock, its ledger, atomic writes) and checks "
-    "what it reads against recorded digests; no number a base computes passes through it.  Every base model is "
-    "checked against its manifest's SHA-256 when it is loaded (`cache fill` rebuilds one and keeps it only if it "
-    "is that file).  Left out on 2026-12-06, when `cache check` named only labkit.lab.runs' lock definitions as "
-    "changed for this step.")
+    "what it reads against recorded digests; lab/skeleton.py decides when a state is saved and how a Ctrl-C stops "
+    "a run; lab/state.py writes and reads those states.  No number a base computes passes through them: a base "
+    "stopped and resumed from a state is the uninterrupted one bit for bit (tests/test_thinking_base_resume.py), "
+    "and every base model is checked against its manifest's SHA-256 when it is loaded (`cache fill` rebuilds one "
+    "and keeps it only if it is that file).  labkit.lab.runs was left out on 2026-12-06, when `cache check` named "
+    "only its lock definitions as changed for this step; the skeleton and the states the same day, when the bases "
+    "came on the run skeleton (issue 58).")
 
 STEPS = (
     CacheStep("base", "base", ("labkit.train.pretrain:pretrain",), (TOKENIZER,), unrecorded=BASE_UNRECORDED),
@@ -63,8 +66,10 @@ STEPS = (
          ("warm_start/model.safetensors",), outputs=("grpo_g2", "grpo_g8")),
     CacheStep("reward_model", "reward_model", ("labkit.studies.reward_model:run_reward_model",), (),
          ("warm_start/model.safetensors", "sft/model.safetensors")),
+    # the format base leaves the run folders' plumbing out as the thinking bases do, for the same reasons (its
+    # exact resume: tests/test_format_base.py); since 2026-12-06, when it came on the run skeleton (issue 58)
     CacheStep("format_base", "format_base", ("labkit.studies.format_base:run_format_base",), (*DATA_FILES, TOKENIZER),
-         ("base/model.safetensors",)),
+         ("base/model.safetensors",), unrecorded=THINKING_UNRECORDED),
     # chapters 6-7's larger run: trained, evaluated, and 64 draws of it and of the warm start for pass@k
     CacheStep("grpo_large", "grpo_large", ("labkit.studies.larger_run:train", "labkit.studies.larger_run:evaluate_all"),
          DATA_FILES, ("warm_start/model.safetensors",), done_file="pass_at_k/grpo_large/FINISHED"),

@@ -15,6 +15,16 @@ teacher-forced log-probs), `labkit.task` (the verifier), `labkit.train` (the upd
 `labkit.lab` or `labkit.config` is read by its docstring, as a from-scratch course reads
 `model.generate`, its reward function and `optimizer.step()`.
 
+Counted whole as well (issue 54: the path "counted honestly"):
+- the GRPO package's data types the path's functions name, in an annotation or a call (`Loop`,
+  `Sampled`, `Rows`, `LossBatch`, `Resolved`), each class from its first decorator to its last line: a
+  reader needs to know what a `Loop` holds to follow `loop.model` (a class whose methods are already
+  on the path, `_ExactPrefixKL`, is not counted twice).  The types of the units below (`Group`,
+  `Batch`, `Rollout`, the preset's config) are read by their docstrings, as those units' functions
+  are; the script prints them, and their lines, apart;
+- the log-prob gather the path reaches (`labkit.models.scoring.response_logprobs` and what it calls in
+  its own module): how a row's log-probs are read off the logits is part of the ratio.
+
 The depth of the clipped surrogate is the fewest calls from `run_iteration` to
 `labkit.grpo.losses.clipped_surrogate` (a function calling it directly is at depth 1 from itself).
 """
@@ -30,6 +40,7 @@ ROOT = Path(__file__).resolve().parent.parent
 START = ("labkit.grpo.core", "run_iteration")
 TARGET = ("labkit.grpo.losses", "clipped_surrogate")
 CORE = "labkit.grpo"
+GATHER = ("labkit.models.scoring", "response_logprobs")  # the log-prob gather, read whole with its own module's callees
 
 
 @dataclass(frozen=True)
@@ -78,6 +89,8 @@ class Module:
                         self.names[local] = (f"{stem}.{alias.name}", None)
                     else:
                         self.names[local] = (stem, alias.name)
+
+        self.classes = {node.name: node for node in self.tree.body if isinstance(node, ast.ClassDef)}
 
     def _add(self, name: str, node) -> None:
         first = min([node.lineno] + [d.lineno for d in node.decorator_list])
@@ -155,6 +168,37 @@ def callees(fn: Function, resolved_fields: dict) -> list[tuple[str, str]]:
     return out
 
 
+def types_named(fn: Function) -> list[tuple[str, str]]:
+    """(module, class) of each labkit class `fn` names (annotations, calls, attributes), in source order."""
+    mod = module(fn.module)
+    out = []
+    for node in ast.walk(fn.node):
+        parts = _dotted(node) if isinstance(node, (ast.Name, ast.Attribute)) else None
+        if not parts:
+            continue
+        target = None
+        if len(parts) == 1 and parts[0] in mod.classes:
+            target = (fn.module, parts[0])
+        elif len(parts) == 1 and parts[0] in mod.names and mod.names[parts[0]][1] is not None:
+            target = mod.names[parts[0]]
+        elif len(parts) == 2 and parts[0] in mod.names and mod.names[parts[0]][1] is None:
+            target = (mod.names[parts[0]][0], parts[1])
+        if target and target[0].startswith("labkit.") and target not in out:
+            try:
+                if target[1] in module(target[0]).classes:
+                    out.append(target)
+            except (FileNotFoundError, SyntaxError):
+                pass
+    return out
+
+
+def class_lines(key: tuple[str, str]) -> Function:
+    """The class `key` as one readable unit (its first decorator to its last line)."""
+    node = module(key[0]).classes[key[1]]
+    first = min([node.lineno] + [d.lineno for d in node.decorator_list])
+    return Function(key[0], key[1], module(key[0]).path, first, node.end_lineno, node)
+
+
 def find(target: tuple[str, str]) -> Function | None:
     try:
         return module(target[0]).functions.get(target[1])
@@ -184,6 +228,21 @@ def measure() -> dict:
                 boundary.append(callee)
 
     visit(START)
+    # the log-prob gather, whole, with what it calls in its own module
+    gather, queue = [], [GATHER]
+    while queue:
+        key = queue.pop(0)
+        fn = find(key)
+        if fn is None or fn in gather:
+            continue
+        gather.append(fn)
+        queue += [c for c in callees(fn, resolved_fields) if c[0] == GATHER[0]]
+    types, below, queue = [], [], [t for fn in order + gather for t in types_named(fn)]
+    on_path = {(f.module, f.name.split(".")[0]) for f in order if "." in f.name}
+    for key in queue:
+        if key in on_path or key in [(t.module, t.name) for t in types + below]:
+            continue
+        (types if key[0].startswith(CORE) else below).append(class_lines(key))
     # depths along the shortest chains (a breadth-first pass over the same graph)
     shortest, frontier = {START: 0}, [START]
     while frontier:
@@ -197,9 +256,12 @@ def measure() -> dict:
                     shortest[callee] = shortest[key] + 1
                     nxt.append(callee)
         frontier = nxt
-    files = sorted({str(f.path.relative_to(ROOT)) for f in order})
-    return {"functions": order, "lines": sum(f.lines for f in order), "files": files,
-            "boundary": boundary, "target_depth": shortest.get(TARGET)}
+    read = order + gather + types
+    files = sorted({str(f.path.relative_to(ROOT)) for f in read})
+    return {"functions": order, "gather": gather, "types": types, "types_below": below,
+            "lines": sum(f.lines for f in read),
+            "files": files, "boundary": [b for b in boundary if b not in [(g.module, g.name) for g in gather]],
+            "target_depth": shortest.get(TARGET)}
 
 
 if __name__ == "__main__":
@@ -207,10 +269,18 @@ if __name__ == "__main__":
 
     sys.path.insert(0, str(ROOT))
     result = measure()
-    for fn in result["functions"]:
-        print(f"  {fn.lines:4d}  {fn.path.relative_to(ROOT)}:{fn.first}  {fn.name}")
-    print(f"\n{len(result['functions'])} functions, {result['lines']} lines, {len(result['files'])} files: "
+    for what in ("functions", "gather", "types"):
+        print({"functions": "the path", "gather": "the log-prob gather", "types": "the data types"}[what])
+        for fn in result[what]:
+            print(f"  {fn.lines:4d}  {fn.path.relative_to(ROOT)}:{fn.first}  {fn.name}")
+    print(f"\n{len(result['functions'])} functions, {len(result['types'])} data types and the gather: "
+          f"{result['lines']} lines, {len(result['files'])} files: "
           f"{', '.join(result['files'])}")
     print(f"clipped surrogate: {result['target_depth']} calls deep from run_iteration")
+    below = result["types_below"]
+    print(f"data types of the units below, read by their docstrings: "
+          + ", ".join(f"{t.module.removeprefix('labkit.')}.{t.name} ({t.lines} lines)" for t in below)
+          + f"; with them, {result['lines'] + sum(t.lines for t in below)} lines in "
+          f"{len(set(result['files']) | {str(t.path.relative_to(ROOT)) for t in below})} files")
     print("read by their docstrings (below GRPO): " + ", ".join(f"{m.removeprefix('labkit.')}.{n}"
                                                               for m, n in result["boundary"]))

@@ -58,19 +58,26 @@ def test_the_base_leaves_out_only_modules_it_reaches_and_says_why():
     reached = {key.partition(":")[0] for key in SOURCES.reach(list(steps.get_step("base").entries))}
     assert set(steps.BASE_UNRECORDED) <= reached
     assert steps.BASE_UNRECORDED_WHY
-    assert all(not s.unrecorded for s in steps.STEPS if s.name not in ("base", "thinking"))
+    assert all(not s.unrecorded for s in steps.STEPS if s.name not in ("base", "thinking", "format_base"))
 
 
-def test_the_thinking_bases_leave_out_only_the_run_folders_plumbing_and_say_why():
-    """The thinking step's one exception (steps.THINKING_UNRECORDED_WHY): labkit.lab.runs, which it reaches; every
-    module that computes a base (the corpus, the phases, the samplers, the model) is in its fingerprint."""
-    step = steps.get_step("thinking")
+@pytest.mark.parametrize("name, computes", [
+    ("thinking", {"labkit.studies.thinking_base", "labkit.train.corpus", "labkit.eval.think_profile",
+                  "labkit.models.presets"}),
+    ("format_base", {"labkit.studies.format_base", "labkit.train.corpus", "labkit.train.answer_phase",
+                     "labkit.models.sampling", "labkit.models.presets"}),
+])
+def test_the_continued_pretrainings_leave_out_only_the_run_folders_plumbing_and_say_why(name, computes):
+    """The thinking and format-base steps' exceptions (steps.THINKING_UNRECORDED_WHY): the folders, the skeleton
+    and the states, which they reach; every module that computes a base (the corpus, the phases, the samplers,
+    the model) is in the fingerprint."""
+    step = steps.get_step(name)
+    plumbing = ("labkit.lab.runs", "labkit.lab.skeleton", "labkit.lab.state")
     reached = {key.partition(":")[0] for key in SOURCES.reach(list(step.entries))}
-    assert step.unrecorded == steps.THINKING_UNRECORDED == ("labkit.lab.runs",) and "labkit.lab.runs" in reached
+    assert step.unrecorded == steps.THINKING_UNRECORDED == plumbing and set(plumbing) <= reached
     assert steps.THINKING_UNRECORDED_WHY
     recorded = {key.partition(":")[0] for key in cache.code_fingerprint(step, SOURCES)}
-    assert {"labkit.studies.thinking_base", "labkit.train.corpus", "labkit.eval.think_profile",
-            "labkit.models.presets"} <= recorded and "labkit.lab.runs" not in recorded
+    assert computes <= recorded and not set(plumbing) & recorded
 
 
 def test_no_module_below_the_commands_names_a_higher_layers_file():

@@ -317,7 +317,7 @@ def test_a_fresh_start_after_stop_after_leaves_no_duplicate_rollouts(tmp_path, l
     output = launch(folder, "--save-states-at", EVERY_ITERATION, "--restart").finish()  # from scratch
     assert sorted(cut_or_removed(output)) == ["checkpoints.jsonl", "parts.json", "rollouts.jsonl.gz",
                                               "states/iter-001.pt.gz", "states/iter-002.pt.gz", "stopped-at-002.json",
-                                              "timings.jsonl"]
+                                              "timings.jsonl.gz"]
     assert_equals_continuous(folder, reference)
     assert names(folder, "states/*") == names(reference["folder"], "states/*")
     assert names(folder, "stopped-at-*") == []

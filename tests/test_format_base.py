@@ -2,6 +2,7 @@
 
 import json
 import random
+from dataclasses import replace
 
 import pytest
 
@@ -10,7 +11,7 @@ from labkit.studies import format_base
 from labkit.models import presets
 from labkit.task import problems, verifier
 from labkit.eval.evaluate import load_test_labels, read_predictions
-from labkit.lab.runs import REPO_ROOT, read_json
+from labkit.lab.runs import REPO_ROOT, UnfinishedRunError, read_json
 
 COMMITTED = REPO_ROOT / "runs" / "tiny" / "format_base"
 
@@ -84,3 +85,74 @@ def test_random_is_not_used_for_the_share(monkeypatch):
     first = [format_base.next_document(a, cfg).text for _ in range(50)]
     random.seed(2)
     assert [format_base.next_document(b, cfg).text for _ in range(50)] == first
+
+
+SMALL = format_base.FormatBaseConfig(max_steps=6, measure_every=3, measure_draws=1, documents_per_step=2,
+                                     stop_at_valid_share=2.0)  # a share no measurement reaches: all six updates
+
+
+@pytest.fixture
+def few_problems(monkeypatch):
+    """Two validation problems to measure on (the run's maths is the same on 200)."""
+    problems = format_base.validation_problems()[:2]
+    monkeypatch.setattr(format_base, "validation_problems", lambda: problems)
+
+
+def test_a_stopped_format_base_is_refused_until_resume_and_then_equals_the_uninterrupted_one(tmp_path, few_problems):
+    """Issue 58, item 1: the format base is a run like every other (a state, a refusal, an exact resume)."""
+    whole = format_base.run_format_base(run_dir=tmp_path / "whole", cfg=SMALL, evaluate_limit=1, progress=False)
+    stopped = format_base.run_format_base(run_dir=tmp_path / "cut", cfg=SMALL, stop_after=2, progress=False)
+    assert stopped["stopped_after"] == 2 and stopped["state"].endswith("states/update-00002.pt.gz")
+    with pytest.raises(UnfinishedRunError, match=r"a state after 2 updates\): pass --resume .* or --restart"):
+        format_base.run_format_base(run_dir=tmp_path / "cut", cfg=SMALL, progress=False)
+    resumed = format_base.run_format_base(run_dir=tmp_path / "cut", cfg=SMALL, resume=True, evaluate_limit=1,
+                                          progress=False)
+    assert resumed["resumed_from"] == "update-00002.pt.gz" and whole["resumed_from"] is None
+    assert resumed["final_digest"] == whole["final_digest"] and resumed["counts"] == whole["counts"]
+    assert read_json(tmp_path / "cut" / "log.json") == read_json(tmp_path / "whole" / "log.json")
+    assert not list((tmp_path / "cut").glob("states/*.pt.gz"))  # the autosaves go once the run has finished
+    format_base.run_format_base(run_dir=tmp_path / "other", cfg=SMALL, stop_after=2, progress=False)
+    with pytest.raises(ValueError, match="belongs to another format base or setting: identity fields \\['config'\\]"):
+        format_base.run_format_base(run_dir=tmp_path / "other", cfg=replace(SMALL, lr=1e-5), resume=True,
+                                    progress=False)
+
+
+def test_a_ctrl_c_during_the_evaluation_is_continued_by_the_same_command(tmp_path, few_problems, monkeypatch):
+    from labkit.eval import evaluate
+
+    original = evaluate.run_inference
+
+    def ctrl_c(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(evaluate, "run_inference", ctrl_c)
+    with pytest.raises(KeyboardInterrupt):
+        format_base.run_format_base(run_dir=tmp_path / "f", cfg=SMALL, evaluate_limit=1, progress=False)
+    monkeypatch.setattr(evaluate, "run_inference", original)
+    manifest = format_base.run_format_base(run_dir=tmp_path / "f", cfg=SMALL, evaluate_limit=1, progress=False)
+    assert manifest["counts"]["steps"] == 6 and (tmp_path / "f" / "evaluation" / "format_base" / "FINISHED").is_file()
+    with pytest.raises(FileExistsError):  # finished and evaluated: refused unless --overwrite
+        format_base.run_format_base(run_dir=tmp_path / "f", cfg=SMALL, evaluate_limit=1, progress=False)
+
+
+def test_ctrl_c_saves_a_state_and_names_the_command_that_continues(tmp_path, few_problems, monkeypatch):
+    import os
+    import signal
+
+    from labkit.lab.skeleton import Interrupted
+
+    original = format_base.FormatRun.update
+
+    def update_then_ctrl_c(self):
+        row = original(self)
+        if self.done == 3:
+            os.kill(os.getpid(), signal.SIGINT)  # a real Ctrl-C: the run stops after this update, with its state
+        return row
+
+    monkeypatch.setattr(format_base.FormatRun, "update", update_then_ctrl_c)
+    with pytest.raises(Interrupted, match=r"after update 3: its state is .*update-00003\.pt\.gz; continue with "
+                                          r"the same command and --resume"):
+        format_base.run_format_base(run_dir=tmp_path / "f", cfg=SMALL, progress=False)
+    monkeypatch.setattr(format_base.FormatRun, "update", original)
+    assert format_base.run_format_base(run_dir=tmp_path / "f", cfg=SMALL, resume=True, evaluate_limit=1,
+                                       progress=False)["resumed_from"] == "update-00003.pt.gz"

@@ -176,7 +176,7 @@ def test_a_fresh_start_in_an_unfinished_folder_leaves_no_old_rollouts(tmp_path, 
     assert sorted(p.name for p in (folder / "states").iterdir()) == ["iter-003.pt.gz"]
     assert not list(folder.glob("stopped-at-*")), "the earlier attempt's stop marker is gone"
     ledger = json.loads((folder / "manifest.json").read_text())["ledger"]
-    assert ledger["parts"]["rollouts.jsonl.gz"]["rows"] == 24 and ledger["parts"]["timings.jsonl"]["rows"] == 3
+    assert ledger["parts"]["rollouts.jsonl.gz"]["rows"] == 24 and ledger["parts"]["timings.jsonl.gz"]["rows"] == 3
     assert sorted(ledger["files"]) == ["history.json", "model.safetensors", "states/iter-003.pt.gz"]
 
 

@@ -60,8 +60,10 @@ def assert_matches_snapshot(values: dict) -> None:
 def test_the_loss_and_its_gradient_match_the_snapshot():
     policy, reference, batch, old, advantages = snapshot_inputs()
     logp_cur, logits_cur = scoring.response_logprobs(policy, batch, return_logits=True)
-    loss, metrics = core.grpo_loss(logp_cur, logits_cur, core.reference_scores(reference, batch),
-                                        batch.response_mask, old, advantages, 2, TINY, variants.resolve(Variant(), TINY))
+    logp_ref, logits_ref = core.reference_scores(reference, batch)
+    loss, metrics = core.grpo_loss(variants.LossBatch(logp_cur, logits_cur, logp_ref, logits_ref, mask=batch.response_mask,
+                                                      measure_mask=batch.response_mask, G=2, logp_old=old,
+                                                      advantages=advantages), variants.resolve(Variant(), TINY))
     loss.backward()
     assert_matches_snapshot({"loss": float(loss.detach()), **metrics, **gradient_summary(policy)})
 
@@ -71,9 +73,9 @@ def test_one_update_reports_the_same_figures_and_moves_the_weights():
     before = presets.parameter_digest(policy)
     optimizer = torch.optim.AdamW([p for p in policy.parameters() if p.requires_grad], lr=1e-3)
     seen = []
-    metrics = core.grpo_update(policy, optimizer, batch, old, advantages, core.reference_scores(reference, batch),
-                               1e-3, G=2, config=TINY, resolved=variants.resolve(Variant(), TINY),
-                               before_step=seen.append)
+    metrics = core.grpo_update(policy, optimizer, core.Rows.of_rollouts(batch, old, advantages, G=2),
+                               core.reference_scores(reference, batch), 1e-3, variants.resolve(Variant(), TINY),
+                               TINY.grad_clip, before_step=seen.append)
     assert metrics["learning_rate"] == 1e-3 and optimizer.param_groups[0]["lr"] == 1e-3
     # clip_grad_norm_ returns the norm before clipping: the snapshot's gradient norm
     assert metrics["grad_norm"] == pytest.approx(SNAPSHOT["grad_norm"], rel=RTOL)

@@ -17,9 +17,9 @@ CASE_FILE = REPO_ROOT / "tests" / "data" / "objective_cases.json"
 LOG = math.log
 
 
-def _loss_and_grad(objective, logp, logp_old, A, mask, **kwargs):
+def _loss_and_grad(paper, logp, logp_old, A, mask, **kwargs):
     x = torch.tensor(logp, dtype=torch.float64, requires_grad=True)
-    loss = objectives.objective_loss(objective, x, torch.tensor(logp_old, dtype=torch.float64),
+    loss = objectives.objective_loss(paper, x, torch.tensor(logp_old, dtype=torch.float64),
                                      torch.tensor(A, dtype=torch.float64), torch.tensor(mask, dtype=torch.float64),
                                      **kwargs)
     loss.backward()
@@ -30,7 +30,7 @@ def _loss_and_grad(objective, logp, logp_old, A, mask, **kwargs):
 HAND = ([[LOG(0.75), LOG(0.25)]], [[LOG(0.5), LOG(0.5)]], [1.0], [[1.0, 1.0]])
 
 
-@pytest.mark.parametrize("objective, kwargs, loss, grad", [
+@pytest.mark.parametrize("paper, kwargs, loss, grad", [
     # min(1.5, 1.2) = 1.2 (clipped: no gradient), min(0.5, 0.8) = 0.5 (gradient rho A = 0.5); mean over 2 tokens
     ("grpo", {}, -(1.2 + 0.5) / 2, [0.0, -0.5 / 2]),
     # clip-higher: 1.5 is clipped at 1.28
@@ -42,8 +42,8 @@ HAND = ([[LOG(0.75), LOG(0.25)]], [[LOG(0.5), LOG(0.5)]], [1.0], [[1.0, 1.0]])
     # s = exp(mean(log 1.5, log 0.5)) = sqrt(0.75), below 1 - 3e-4: unclipped, d s / d logp_t = s / 2
     ("gspo", {}, -math.sqrt(0.75), [-math.sqrt(0.75) / 2, -math.sqrt(0.75) / 2]),
 ])
-def test_each_objective_on_a_hand_worked_response(objective, kwargs, loss, grad):
-    got_loss, got_grad = _loss_and_grad(objective, *HAND, **kwargs)
+def test_each_objective_on_a_hand_worked_response(paper, kwargs, loss, grad):
+    got_loss, got_grad = _loss_and_grad(paper, *HAND, **kwargs)
     assert got_loss == pytest.approx(loss, rel=1e-14, abs=1e-15)
     assert got_grad[0] == pytest.approx(grad, rel=1e-14, abs=1e-15)
 
@@ -65,7 +65,7 @@ def test_grpo_is_the_loops_clipped_surrogate():
 
 def _paper(case: dict) -> tuple[float, list[list[float]]]:
     """Loss and d loss / d logp from the papers' formulas, one token at a time, in plain Python floats."""
-    p, o = case["params"], case["objective"]
+    p, o = case["params"], case["paper"]
     logp, old, A, mask = case["logp"], case["logp_old"], case["advantages"], case["mask"]
     B = len(logp)
     lengths = [sum(row) for row in mask]
@@ -73,10 +73,10 @@ def _paper(case: dict) -> tuple[float, list[list[float]]]:
     grad = [[0.0] * len(row) for row in logp]
 
     def weight(i):  # d aggregate / d (token value of response i)
-        agg = p.get("aggregation", "sequence_mean")
-        if agg == "sequence_mean":
+        reduction = p.get("reduction", "sequence")
+        if reduction == "sequence":
             return 1.0 / (B * lengths[i])
-        if agg == "token_mean":
+        if reduction == "token":
             return 1.0 / sum(lengths)
         return 1.0 / (B * p["max_new_tokens"])
 
@@ -84,7 +84,7 @@ def _paper(case: dict) -> tuple[float, list[list[float]]]:
     if o == "gspo":
         for i in range(B):
             s = math.exp(sum(logp[i][t] - old[i][t] for t in tokens[i]) / lengths[i])
-            clipped = min(max(s, 1 - p["epsilon_low"]), 1 + p["epsilon_high"])
+            clipped = min(max(s, 1 - p["clip_eps"]), 1 + p["clip_eps_high"])
             loss -= min(s * A[i], clipped * A[i]) / B
             if s * A[i] <= clipped * A[i]:  # the unclipped branch is the min: the gradient flows
                 for t in tokens[i]:
@@ -94,27 +94,27 @@ def _paper(case: dict) -> tuple[float, list[list[float]]]:
             for t in tokens[i]:
                 rho = math.exp(logp[i][t] - old[i][t])
                 if o == "cispo":
-                    w = min(rho, p["weight_cap"])
+                    w = min(rho, 1 + p["clip_eps_high"])
                     loss -= weight(i) * w * A[i] * logp[i][t]
                     grad[i][t] = -weight(i) * w * A[i]
                 else:
-                    clipped = min(max(rho, 1 - p["epsilon_low"]), 1 + p["epsilon_high"])
+                    clipped = min(max(rho, 1 - p["clip_eps"]), 1 + p["clip_eps_high"])
                     loss -= weight(i) * min(rho * A[i], clipped * A[i])
                     grad[i][t] = -weight(i) * rho * A[i] if rho * A[i] <= clipped * A[i] else 0.0
-    if p.get("beta"):
+    if p.get("kl_coef"):
         for i in range(B):
             for t in tokens[i]:
                 d = case["logp_ref"][i][t] - logp[i][t]
-                loss += p["beta"] * weight(i) * (math.exp(d) - d - 1)
-                grad[i][t] += p["beta"] * weight(i) * (1 - math.exp(d))
+                loss += p["kl_coef"] * weight(i) * (math.exp(d) - d - 1)
+                grad[i][t] += p["kl_coef"] * weight(i) * (1 - math.exp(d))
     return loss, grad
 
 
 CASES = json.loads(CASE_FILE.read_text())["cases"]
 
 
-@pytest.mark.parametrize("case", CASES, ids=lambda c: f"{c['objective']}-{c['params'].get('aggregation', '')}"
-                         f"{'-k3' if c['params'].get('beta') else ''}-{c['seed']}")
+@pytest.mark.parametrize("case", CASES, ids=lambda c: f"{c['paper']}-{c['params'].get('reduction', '')}"
+                         f"{'-k3' if c['params'].get('kl_coef') else ''}-{c['seed']}")
 def test_every_case_is_what_the_papers_formulas_give(case):
     loss, grad = _paper(case)
     assert case["loss"] == pytest.approx(loss, rel=1e-12, abs=1e-15)
@@ -122,19 +122,26 @@ def test_every_case_is_what_the_papers_formulas_give(case):
         assert row == pytest.approx(expected, rel=1e-10, abs=1e-15)
 
 
-def test_the_case_file_covers_every_objective_and_aggregation_with_the_named_fields():
-    settings = {(c["objective"], c["params"].get("aggregation")) for c in CASES}
-    assert {o for o, _ in settings} == set(objectives.OBJECTIVES)
-    assert {a for o, a in settings if o == "grpo"} == set(objectives.AGGREGATIONS)
+def test_the_case_file_covers_every_paper_and_reduction_with_the_named_fields():
+    from labkit.grpo import variants
+
+    settings = {(c["paper"], c["params"].get("reduction")) for c in CASES}
+    assert {o for o, _ in settings} == set(objectives.PAPERS)
+    assert {a for o, a in settings if o == "grpo"} == set(losses.REDUCTIONS)
+    # one list of objectives: each paper is one of the loop's, and the settings use the glossary's names
+    assert set(objectives.OBJECTIVE_OF.values()) <= set(variants.OBJECTIVES)
+    assert {k for c in CASES for k in c["params"]} <= {"clip_eps", "clip_eps_high", "reduction", "max_new_tokens",
+                                                        "kl_coef"}
     for c in CASES:
-        assert {"objective", "params", "logp", "logp_old", "advantages", "mask", "loss", "grad_logp"} <= set(c)
+        assert c["objective"] == objectives.OBJECTIVE_OF[c["paper"]]
+        assert {"paper", "objective", "params", "logp", "logp_old", "advantages", "mask", "loss", "grad_logp"} <= set(c)
         lengths = [int(sum(row)) for row in c["mask"]]
         assert 1 in lengths and len(set(lengths)) > 1  # unequal lengths, one single-token response
-        assert ("logp_ref" in c) == bool(c["params"].get("beta"))
+        assert ("logp_ref" in c) == bool(c["params"].get("kl_coef"))
         clipped_or_zero = sum(1 for row, m in zip(c["grad_logp"], c["mask"]) for g, k in zip(row, m) if k and g == 0)
-        if c["objective"] in ("grpo", "dr_grpo", "dapo") and not c["params"].get("beta"):  # (k3 adds to every token)
+        if c["objective"] == "grpo" and not c["params"].get("kl_coef"):  # (k3 adds to every token)
             assert 0 < clipped_or_zero < sum(lengths)  # both branches of the clip are exercised
-    assert len({(c["objective"], c["params"].get("aggregation"), bool(c["params"].get("beta"))) for c in CASES}) * 3 \
+    assert len({(c["paper"], c["params"].get("reduction"), bool(c["params"].get("kl_coef"))) for c in CASES}) * 3 \
         == len(CASES)
 
 
@@ -144,12 +151,12 @@ def test_the_committed_case_file_is_what_the_code_gives(capsys):
 
 
 @pytest.mark.parametrize("call, message", [
-    (lambda: _loss_and_grad("ppo", *HAND), r"objective 'ppo': expected one of"),
+    (lambda: _loss_and_grad("ppo", *HAND), r"paper 'ppo': expected one of"),
     (lambda: _loss_and_grad("dr_grpo", *HAND), r"constant_mean: max_new_tokens must be >= the"),
-    (lambda: _loss_and_grad("grpo", *HAND, aggregation="mean"), r"aggregation 'mean': expected one of"),
+    (lambda: _loss_and_grad("grpo", *HAND, reduction="mean"), r"reduction 'mean': expected one of"),
     (lambda: _loss_and_grad("grpo", HAND[0], HAND[1], [1.0, 2.0], HAND[3]), r"advantages \(2,\) \(B,\)"),
     (lambda: _loss_and_grad("grpo", HAND[0], HAND[1], HAND[2], [[0.0, 0.0]]), "at least one token"),
-    (lambda: _loss_and_grad("grpo", *HAND, beta=0.1), "beta > 0 needs logp_ref"),
+    (lambda: _loss_and_grad("grpo", *HAND, kl_coef=0.1), "kl_coef > 0 needs logp_ref"),
 ])
 def test_bad_input_is_refused_by_name(call, message):
     with pytest.raises(ValueError, match=message):

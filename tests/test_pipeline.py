@@ -33,3 +33,21 @@ def test_only_leaves_a_stale_step_it_will_not_rebuild_in_place(monkeypatch, tmp_
     out = capsys.readouterr().out
     assert "base is stale (labkit/x.py); left in place: not in --only" in out
     assert "warm_start is stale (built from a stale step); left in place" in out
+
+
+def test_a_failed_step_stops_the_rebuild_in_one_line_keeping_the_steps_before_it(monkeypatch, tmp_path):
+    import subprocess
+
+    import pytest
+
+    from labkit.lab.errors import CommandFailed
+
+    fake_cache(monkeypatch, tmp_path, set())
+    monkeypatch.setattr(pipeline, "_done", lambda preset, step: False)
+    ran = []
+    monkeypatch.setattr(pipeline.subprocess, "run", lambda command, cwd: ran.append(command[3])
+                        or subprocess.CompletedProcess(command, 0 if command[3] == "pretrain" else 3))
+    with pytest.raises(CommandFailed, match=r"^step warm_start failed \(`python -m labkit warm-start --preset tiny --restart` exited "
+                                            r"3\); the steps before it are kept$"):
+        pipeline.run_all("tiny", only=("base", "warm_start", "sft"))
+    assert ran == ["pretrain", "warm-start"]

@@ -162,27 +162,3 @@ def test_each_committed_run_rescores_from_its_rows_and_its_history_recomputes(na
         assert line["think_rate"] == sum(r["thinks"] for r in part) / len(part)
         assert line["accuracy"] == sum(r["reward"] for r in part) / len(part)
         assert line["mean_tokens"] == sum(r["tokens"] for r in part) / len(part)
-
-
-def test_right_when_working_is_paired_over_the_chains_both_worked_out():
-    from labkit.studies import reasoning_report
-
-    row = lambda k, i, d, thinks, reward: {"k": k, "index": i, "draw": d, "thinks": thinks, "reward": reward}  # noqa: E731
-    before = [row(1, 0, 0, True, 0), row(1, 0, 1, False, 1), row(1, 1, 0, True, 1), row(2, 0, 0, False, 0)]
-    after = [row(1, 0, 0, True, 1), row(1, 0, 1, True, 1), row(1, 1, 0, True, 1), row(2, 0, 0, True, 0)]
-    t = reasoning_report.thinking_accuracy(before, after)
-    # pooled: 1 of 2 working answers right before, 3 of 4 after; chains (1,0) and (1,1) worked out by both
-    assert (t["before"], t["after"], t["thinking_before"], t["thinking_after"], t["chains"]) == (0.5, 0.75, 2, 4, 2)
-    assert t["mean_difference"] == 0.5 and t["p_permutation"] == 1.0  # one non-zero difference: no test
-
-
-def test_a_lonely_worked_answer_in_an_all_wrong_group_is_found_with_its_mean_only_advantage():
-    from labkit.studies import reasoning_report
-
-    rewards = [-0.025] * 3 + [-0.2]
-    group = [{"iteration": 3, "reward": 0, "thinks": i == 3, "optimised_reward": r, "advantage": a}
-             for i, (r, a) in enumerate(zip(rewards, [0.577, 0.577, 0.577, -1.732]))]
-    right = [dict(r, reward=1 if i == 0 else 0, thinks=True) for i, r in enumerate(group)]  # has a right answer
-    out = reasoning_report.lonely_workers(group + right, 4)
-    assert out["groups"] == 1 and out["advantages"] == [-1.732]
-    assert out["worst"]["iteration"] == 3 and abs(out["worst"]["mean_only"] - (-0.2 - (-0.275 / 4))) < 1e-12

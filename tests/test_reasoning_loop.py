@@ -161,3 +161,25 @@ def test_a_ctrl_c_in_a_live_reasoning_run_says_how_to_go_on_and_the_next_call_do
     assert [line["iteration"] for line in lines] == [1, 2, 3] and [line["seconds"] is None for line in lines] == [
         True, True, False]
     assert all(line["agrees"] for line in lines)
+
+
+def test_resume_starts_a_run_not_yet_begun_and_refuses_an_attempt_without_a_state(tmp_path, monkeypatch):
+    """`reasoning --resume` (what `all` runs) continues the runs that hold a state and simply starts the others;
+    an attempt that saved no state is refused before any work, naming --restart (issue 58, item 1)."""
+    from labkit.grpo.loop import ROLLOUTS_PART
+    from labkit.lab import workers
+    from labkit.lab.runs import UnfinishedRunError
+
+    monkeypatch.setattr(reasoning, "default_run_dir", lambda preset, name: tmp_path / name)
+    jobs = []
+    monkeypatch.setattr(workers, "each_result", lambda fn, js, n, **how: iter(jobs.extend(js) or ()))
+    reasoning.run_all("tiny", only=("from_rare_10",), resume=True, progress=False)
+    assert jobs == [("from_rare_10", "tiny", 1, False, False)]  # nothing to resume: the run starts
+    folder = RunFolder(tmp_path / "from_rare_10").open_for_writing()
+    folder.append(ROLLOUTS_PART, [{"id": "g8-it001-p000-0", "iteration": 1}])
+    folder.release()
+    with pytest.raises(UnfinishedRunError, match=r"from_rare_10 holds an unfinished attempt \(1 rollouts, no state\): "
+                                                 r"pass --resume"):
+        reasoning.run_all("tiny", only=("from_rare_10",), progress=False)
+    with pytest.raises(UnfinishedRunError, match=r"no saved state to resume from: pass --restart"):
+        reasoning.run_all("tiny", only=("from_rare_10",), resume=True, progress=False)

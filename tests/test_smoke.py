@@ -200,6 +200,32 @@ def test_the_smoke_holds_its_folder_through_the_run_skeleton(smoke_run, tmp_path
     assert read_json(failed / "smoke.json")["stages"][0]["status"] == "failed"
 
 
+def test_a_stopped_smoke_is_refused_until_restart_and_a_ctrl_c_names_the_command(tmp_path, monkeypatch):
+    """Issue 58, item 1: what a stopped smoke left is never overwritten quietly; a Ctrl-C says what measures again."""
+    from labkit.lab.runs import UnfinishedRunError
+    from labkit.lab.skeleton import Interrupted
+
+    def ctrl_c(s, detail):
+        raise KeyboardInterrupt
+    monkeypatch.setattr(smoke, "stage_build", ctrl_c)
+    folder = tmp_path / "stopped"
+    with pytest.raises(Interrupted, match=r"smoke stopped \(Ctrl-C\); the finished stages' rows are in .*smoke\.json: "
+                                          r"measure again with the same command and --restart"):
+        smoke.run_smoke("qwen", device="cpu", layers=LAYERS, head_dim=HEAD_DIM, run_dir=folder, progress=False)
+    table = (folder / "smoke.json").read_bytes()
+    with pytest.raises(UnfinishedRunError, match=r"holds a stopped smoke run \(1 stage\(s\) in smoke\.json\): .* "
+                                                 r"pass --restart"):
+        smoke.run_smoke("qwen", device="cpu", layers=LAYERS, head_dim=HEAD_DIM, run_dir=folder, progress=False)
+    assert (folder / "smoke.json").read_bytes() == table  # untouched
+
+    def broken(s, detail):
+        raise RuntimeError("measured again")
+    monkeypatch.setattr(smoke, "stage_build", broken)
+    with pytest.raises(RuntimeError, match="measured again"):  # --restart: the old table goes, the stages run
+        smoke.run_smoke("qwen", device="cpu", layers=LAYERS, head_dim=HEAD_DIM, run_dir=folder, progress=False,
+                        restart=True)
+
+
 @pytest.mark.parametrize("argv, message", [
     (["smoke", "--preset", "tiny", "--random-weights"], "--preset 'tiny': the smoke builds the qwen architecture"),
     (["smoke"], "--random-weights is required"),

@@ -76,8 +76,8 @@ def test_each_kl_term_logs_the_same_two_measures_and_optimises_its_own(kl):
     """Hand-sized logits: the logged exact KL and k3 do not depend on the term optimised."""
     logits_cur, logits_ref, logp_cur, logp_ref = _hand_policies(seed=0)
     mask = torch.ones(2, 3, dtype=torch.bool)
-    reduce = lambda v: variants.losses.reduce(v, mask, None, "sequence")  # noqa: E731
-    penalty, exact, k3 = variants.KL_TABLE[kl]((logp_cur, logits_cur), (logp_ref, logits_ref), reduce, reduce, 4096)
+    batch = variants.LossBatch(logp_cur, logits_cur, logp_ref, logits_ref, mask=mask, measure_mask=mask, G=None)
+    penalty, exact, k3 = variants.KL_TABLE[kl](batch, reduction="sequence", max_new_tokens=3, block_size=4096)
     p, q = torch.softmax(logits_cur.detach(), -1), torch.softmax(logits_ref, -1)
     expected_exact = (p * (p.log() - q.log())).sum(-1).mean()  # every row has 3 tokens: the mean of 6 prefixes
     log_r = (logp_ref - logp_cur).detach()
@@ -119,7 +119,7 @@ def test_a_learned_reward_needs_its_verifier_passed_in_and_only_it_takes_one():
         variants.resolve(Variant(), TINY, learned_verifier=object())
     loop = core.new_loop(TINY, 2, 1, model, reference, tokenizer, "digest",
                          resolved=variants.resolve(Variant(kl="none"), TINY), **start)
-    assert loop.resolved.kl_term is variants.no_kl_term and list(loop.generators) == ["generation"]
+    assert loop.resolved.kl_term.func is variants.no_kl_term and list(loop.generators) == ["generation"]
     assert loop.identity["variant"] == Variant(kl="none").to_dict()
     loop = core.new_loop(TINY, 2, 1, model, reference, tokenizer, "digest",
                          resolved=variants.resolve(Variant(reward="random", random_reward_p=0.5), TINY), **start)
@@ -132,11 +132,10 @@ def test_the_logged_measures_ignore_the_losss_reduction(kl):
     stay the protocol's sequence means, so that runs with any reduction are compared on one measure."""
     logits_cur, logits_ref, logp_cur, logp_ref = _hand_policies(seed=1)
     mask = torch.tensor([[1, 1, 1], [1, 0, 0]], dtype=torch.bool)  # lengths 3 and 1
-    sequence = lambda v: variants.losses.reduce(v, mask, None, "sequence")  # noqa: E731
-    constant = lambda v: variants.losses.reduce(v, mask, None, "constant", 8)  # noqa: E731
-    args = ((logp_cur, logits_cur), (logp_ref, logits_ref))
-    base_penalty, base_exact, base_k3 = variants.KL_TABLE[kl](*args, sequence, sequence, 4096)
-    penalty, exact, k3 = variants.KL_TABLE[kl](*args, constant, sequence, 4096)
+    batch = variants.LossBatch(logp_cur, logits_cur, logp_ref, logits_ref, mask=mask, measure_mask=mask, G=None)
+    base_penalty, base_exact, base_k3 = variants.KL_TABLE[kl](batch, reduction="sequence", max_new_tokens=8,
+                                                              block_size=4096)
+    penalty, exact, k3 = variants.KL_TABLE[kl](batch, reduction="constant", max_new_tokens=8, block_size=4096)
     assert float(exact) == float(base_exact) and float(k3) == float(base_k3)
     if kl == "exact":  # the penalty is the constant reduction of the same per-prefix values
         values = variants.losses.exact_prefix_kl(logits_cur.detach(), logits_ref, 4096)

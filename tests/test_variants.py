@@ -228,7 +228,7 @@ def test_a_float8_sampler_is_reported_and_logp_old_follows_the_switch(tmp_path, 
 
 # A switch each objective never reads, set to a value other than its default (a value that passes the
 # switch's own checks), for every objective: each is refused, naming the switch and the objective.
-NON_DEFAULT = {"baseline": "none", "scale_by_std": False, "clip_eps_high": 0.28, "overlong_filter": True,
+NON_DEFAULT = {"baseline": "none", "advantage_sign": "negative", "scale_by_std": False, "clip_eps_high": 0.28, "overlong_filter": True,
                "dynamic_sampling": True, "reward": "format", "random_reward_p": 0.5, "length_penalty": 0.1}
 
 
@@ -246,3 +246,26 @@ def test_gspo_refuses_clip_higher_and_cispo_reads_it():
 
 def test_every_objective_has_its_list_of_ignored_switches():
     assert set(variants.IGNORED_BY) == set(variants.OBJECTIVES)
+
+
+def test_each_half_of_the_signal_keeps_its_sign_and_zeroes_the_rest():
+    """advantage_sign (Zhu et al. 2025): a group with one winner in G = 4, rewards (1, 0, 0, 0).  GRPO's advantages
+    are (0.75, -0.25, -0.25, -0.25) / (std + eps); "positive" keeps only the winner's, "negative" only the three
+    losers', each equal to GRPO's own, the other entries exactly 0."""
+    import torch
+
+    from labkit.config import TINY
+    from labkit.grpo import losses, variants
+
+    rewards = torch.tensor([[1.0, 0.0, 0.0, 0.0], [1.0, 1.0, 0.0, 1.0]])
+    both = losses.group_advantages(rewards, eps=TINY.advantage_eps, scale_by_std=True)
+    positive = variants.resolve(Variant(advantage_sign="positive"), TINY).advantages(rewards)
+    negative = variants.resolve(Variant(advantage_sign="negative"), TINY).advantages(rewards)
+    assert torch.equal(variants.resolve(Variant(), TINY).advantages(rewards), both)
+    assert torch.equal(positive, torch.where(both > 0, both, torch.zeros_like(both)))
+    assert torch.equal(negative, torch.where(both < 0, both, torch.zeros_like(both)))
+    assert torch.equal(positive + negative, both) and positive[0, 0] > 0 and (positive[0, 1:] == 0).all()
+    with pytest.raises(ValueError, match=r"variant advantage_sign='half': expected one of \('both', 'positive', 'negative'\)"):
+        Variant(advantage_sign="half")
+    with pytest.raises(ValueError, match="variant objective 'rft' ignores advantage_sign='positive'"):
+        Variant(objective="rft", advantage_sign="positive")

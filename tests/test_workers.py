@@ -10,7 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from labkit.lab.workers import run_in_processes
+from labkit.lab.errors import CommandFailed
+from labkit.lab.skeleton import Interrupted
+from labkit.lab.workers import each_result, run_in_processes
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="/proc and kill -9: Linux")
 
@@ -32,6 +34,26 @@ def test_a_dead_or_failing_worker_fails_its_own_job_alone():
     outcomes = {j: (result, error) for j, result, error in run_in_processes(job, ["a", "die", "raise", "b"], 2)}
     assert outcomes == {"a": ("aa", None), "b": ("bb", None), "die": (None, "worker died (exit code 7)"),
                         "raise": (None, "ValueError: a bad setting")}
+
+
+def named_job(args: tuple):
+    """A job named by its first field (as a step's runs are); 'stop' is a run that a Ctrl-C stopped."""
+    if args[0] == "stop":
+        raise Interrupted("after iteration 3: its state is states/iter-003.pt.gz; continue with --resume")
+    return job(args[0])
+
+
+def test_each_result_yields_the_good_runs_then_names_every_failure_at_once():
+    seen = []
+    with pytest.raises(CommandFailed, match=r"^the runs failed: (die: worker died \(exit code 7\); raise: ValueError: a "
+                                           r"bad setting|raise: ValueError: a bad setting; die: worker died \(exit code "
+                                           r"7\))$"):
+        for named, result in each_result(named_job, [("a",), ("die",), ("raise",), ("b",)], 2, what="the runs",
+                                         command="again"):
+            seen.append((named[0], result))
+    assert sorted(seen) == [("a", "aa"), ("b", "bb")]  # the healthy runs ran to their end
+    with pytest.raises(Interrupted, match=r"^stop: Interrupted: after iteration 3: .* --resume$"):
+        list(each_result(named_job, [("stop",), ("raise",)], 1, what="the runs", command="again"))
 
 
 def test_workers_refuse_a_count_below_one():

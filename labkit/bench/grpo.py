@@ -329,21 +329,13 @@ def _update_stages(loop, sampled) -> tuple[dict, list[dict], list[torch.Tensor]]
     work on `sampled`, one stage at a time, with the loop's scoring path (the same calls, in its order)."""
     from ..train.schedule import warmup_linear_decay
 
-    config, G, resolved, model = loop.config, loop.G, loop.resolved, loop.model
-    rollouts_ = sampled.rollouts
-    prompts, responses = [r.prompt_ids for r in rollouts_], [r.response_ids for r in rollouts_]
-    limit = max(config.max_new_tokens, scoring.MAX_NEW_TOKENS)
-    limits = (config.max_prompt_tokens, limit, config.max_prompt_tokens + limit)
+    config, resolved, model = loop.config, loop.resolved, loop.model
     times = dict.fromkeys(("batch", "reference forward", "policy forward", "loss", "backward", "step"), 0.0)
     t = time.perf_counter()
-    batch = scoring.make_batch(prompts, responses, pad_id=loop.tokenizer.pad_token_id, limits=limits)
-    logp_old = core.padded([r.logp_old for r in rollouts_], batch.response_mask.shape[1])
-    scorer = (core.shared_prompt_scorer(prompts, responses, G, loop.tokenizer.pad_token_id, limits=limits,
-                                        bucket_tokens=loop.bucket_tokens)
-              if loop.shared_prompts else core.plain_scorer(batch))
+    rows = core.learning_rows(loop, sampled)
     times["batch"] += time.perf_counter() - t
     t = time.perf_counter()
-    ref_scores = core.reference_scores(loop.reference, batch, scorer)
+    ref_scores = core.reference_scores(loop.reference, rows.batch, rows.scorer)
     times["reference forward"] += time.perf_counter() - t
     metrics, gradients = [], []
     for k in range(resolved.updates_per_iteration):
@@ -351,11 +343,13 @@ def _update_stages(loop, sampled) -> tuple[dict, list[dict], list[torch.Tensor]]
                                  config.final_lr_fraction)
         loop.optimizer.zero_grad(set_to_none=True)
         t = time.perf_counter()
-        logp_cur, logits_cur = scorer(model)
+        logp_cur, logits_cur = rows.scorer(model)
         times["policy forward"] += time.perf_counter() - t
         t = time.perf_counter()
-        loss, m = core.grpo_loss(logp_cur, logits_cur, ref_scores, batch.response_mask, logp_old,
-                                 sampled.advantages, G, config, resolved)
+        loss, m = core.grpo_loss(variants.LossBatch(
+            logp=logp_cur, logits=logits_cur, logp_ref=ref_scores[0], logits_ref=ref_scores[1], mask=rows.loss_mask,
+            measure_mask=rows.batch.response_mask, G=rows.G, logp_old=rows.logp_old, advantages=rows.advantages),
+            resolved)
         times["loss"] += time.perf_counter() - t
         t = time.perf_counter()
         loss.backward()
@@ -383,9 +377,25 @@ def bench_worked_iteration(loop, repeats: int, peak_flops: float) -> dict:
 
     from ..studies import reasoning
 
-    t = time.perf_counter()
-    sampled = reasoning.sample_iteration(loop, 0)
-    sampling_s = time.perf_counter() - t
+    from ..models import static_sampler
+
+    # sampling: today's decoder kept every row to the end; now finished rows leave it (`COMPACT_BELOW`)
+    saved_order = (loop.order.state(), loop.generation.get_state())
+    sampling_s, drawn = {}, {}
+    for i in range(repeats):
+        for name, compact in ((("today", 2.0), ("now", static_sampler.COMPACT_BELOW)) if i % 2 == 0 else
+                              (("now", static_sampler.COMPACT_BELOW), ("today", 2.0))):
+            loop.order.restore(saved_order[0])
+            loop.generation.set_state(saved_order[1])
+            kept, static_sampler.COMPACT_BELOW = static_sampler.COMPACT_BELOW, compact
+            try:
+                t = time.perf_counter()
+                drawn[name] = reasoning.sample_iteration(loop, 0)
+                sampling_s[name] = min(sampling_s.get(name, float("inf")), time.perf_counter() - t)
+            finally:
+                static_sampler.COMPACT_BELOW = kept
+    sampled = drawn["now"]
+    same = [r.response_ids for r in drawn["today"].rollouts] == [r.response_ids for r in sampled.rollouts]
     saved = (copy.deepcopy(loop.model.state_dict()), copy.deepcopy(loop.optimizer.state_dict()), loop.next_update)
     results = {}
     for i in range(repeats):
@@ -406,15 +416,17 @@ def bench_worked_iteration(loop, repeats: int, peak_flops: float) -> dict:
     updates = loop.resolved.updates_per_iteration
     flops = 2 * multiply_adds_per_token(loop.model, context) * (prompt_tokens + responses) * (1 + 3 * updates)
     floor = flops / peak_flops
-    print(f"    one worked iteration: sampling {sampling_s:.2f} s ({len(rollouts_)} responses, {responses} tokens); "
-          f"its {updates} updates from the same state by each path (best of {repeats}):")
-    out = {"sampling_s": sampling_s, "floor_update_s": floor}
+    print(f"    one worked iteration ({len(rollouts_)} responses, {responses} tokens): sampling today "
+          f"{sampling_s['today']:.2f} s, now {sampling_s['now']:.2f} s (finished rows leave the decoder; the same "
+          f"tokens: {same}); its {updates} updates from the same state by each path (best of {repeats}):")
+    out = {"sampling_s": sampling_s, "same_rollouts": same, "floor_update_s": floor}
     for name, (times, _, _) in results.items():
         total = sum(times.values())
         stages = ", ".join(f"{stage} {s:.2f}" for stage, s in times.items())
         print(f"    {name:<9} update {total:6.2f} s = {stages}; {total / floor:.1f}x its floor; "
               f"{1e6 * total / responses:.0f} us a response token")
-        out[name] = {"update_s": total, "iteration_s": sampling_s + total, "stages": times}
+        sampling = sampling_s["today" if name == "today" else "now"]
+        out[name] = {"update_s": total, "iteration_s": sampling + total, "stages": times}
     (_, today_metrics, today_grads), (_, new_metrics, new_grads) = results["today"], results["bucketed"]
     loss_diff = max(abs(a["loss"] - b["loss"]) for a, b in zip(today_metrics, new_metrics))
     grad_diff = max(float((a - b).abs().max() / b.abs().max().clamp_min(1e-30)) for a, b in zip(today_grads, new_grads))
@@ -422,8 +434,9 @@ def bench_worked_iteration(loop, repeats: int, peak_flops: float) -> dict:
     print(f"    the floor: {floor:.2f} s for {prompt_tokens} prompt + {responses} response tokens at "
           f"{peak_flops / 1e9:.0f} GFLOP/s; the two paths' losses differ by at most {loss_diff:.1e}, the first "
           f"update's gradients by {grad_diff:.1e} of each tensor's largest entry")
-    print(f"    a worked iteration: today {out['today']['iteration_s']:.2f} s, bucketed "
-          f"{out['bucketed']['iteration_s']:.2f} s: {ratio:.2f}x, at {torch.get_num_threads()} thread(s)")
+    print(f"    a worked iteration: today {out['today']['iteration_s']:.2f} s, now (a decoder that drops its finished "
+          f"rows, bucketed scoring) {out['bucketed']['iteration_s']:.2f} s: {ratio:.2f}x, at "
+          f"{torch.get_num_threads()} thread(s)")
     out.update(ratio=ratio, loss_diff=loss_diff, grad_diff=grad_diff)
     return out
 

@@ -50,3 +50,44 @@ def plot_profile_before_after(before: dict[int, dict], after: dict[int, dict], t
     fig.suptitle(title, fontsize=10)
     fig.tight_layout()
     return fig
+
+
+def plot_family_against_seeds(seeds: dict[str, list[dict]], runs: dict[str, list[dict]], title: str,
+                              keys: tuple[str, ...] = ("think_rate", "accuracy")):
+    """One panel per key over GRPO iterations: the reference run's training seeds as a grey band (their
+    lowest and highest value at each iteration: what chance alone moves) and one line per run of a
+    family (issue 56's reasoning sweep).
+
+    seeds, runs: {run name: its history.json lines}; every history of the same length."""
+    names = {"think_rate": "share that thinks", "accuracy": "share right (true reward)",
+             "mean_tokens": "mean response tokens", "kl": "exact KL to the reference", "entropy": "token entropy"}
+    fig, axes = plt.subplots(1, len(keys), figsize=(4.2 * len(keys), 3.2), sharex=True, squeeze=False)
+    for ax, key in zip(axes[0], keys):
+        curves = [[line[key] for line in lines] for lines in seeds.values()]
+        x = [line["iteration"] for line in next(iter(seeds.values()))]
+        ax.fill_between(x, [min(v) for v in zip(*curves)], [max(v) for v in zip(*curves)], color="0.8",
+                        label=f"reference, {len(curves)} seeds")
+        for name, lines in runs.items():
+            ax.plot([line["iteration"] for line in lines], [line[key] for line in lines], label=name, lw=1.4)
+        ax.set_title(names.get(key, key), fontsize=10, loc="left")
+        ax.set_xlabel("GRPO iteration")
+        ax.grid(alpha=0.3)
+        if key in ("think_rate", "accuracy"):
+            ax.set_ylim(-0.02, 1.02)
+    axes[0][0].legend(fontsize=7)
+    fig.suptitle(title, fontsize=10, x=0.01, ha="left")
+    fig.tight_layout()
+    return fig
+
+
+def plot_sweep_family(family: str, keys: tuple[str, ...] = ("think_rate", "accuracy"), preset: str = "tiny"):
+    """A family of the reasoning sweep (`labkit.studies.reasoning_sweep.FAMILIES`) over GRPO iterations against
+    the reference's three training seeds, read from the committed runs (`plot_family_against_seeds`)."""
+    from ..studies import reasoning_sweep
+
+    if family not in reasoning_sweep.FAMILIES or family == "seeds":
+        raise ValueError(f"family {family!r}: expected one of {[f for f in reasoning_sweep.FAMILIES if f != 'seeds']}")
+    return plot_family_against_seeds(
+        reasoning_sweep.histories(reasoning_sweep.SEEDS, preset),
+        reasoning_sweep.histories(reasoning_sweep.FAMILIES[family], preset),
+        f"Chapter 11's regime, {family}: each run against the reference's three seeds (grey band)", keys=keys)

@@ -110,7 +110,7 @@ def measure(model, reference, tokenizer, fixed: FixedPrompts, config: PresetConf
     Returns the GRPO_CHECKPOINT keys of labkit.grpo.metrics: rates, entropy, KL, and per problem the
     greedy success (0/1) and the number of successful draws (0..D), in `fixed.problem_ids` order
     (so that two checkpoints, or two runs, can be compared problem by problem).  No wall time:
-    the record is a pure function of the two models (the caller times it, into timings.jsonl)."""
+    the record is a pure function of the two models (the caller times it, into timings.jsonl.gz)."""
     N, D = len(fixed.problem_ids), fixed.draws
     common = dict(max_new_tokens=config.max_new_tokens, batch_size=config.eval_batch_size)
     greedy = sampling.sample_fast(model, tokenizer, fixed.prompts, greedy=True, problem_ids=fixed.problem_ids,

@@ -31,6 +31,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Callable
 
 import torch
 
@@ -39,7 +40,7 @@ from ..task import data, problems
 from ..config import SEED_OFFSETS, PresetConfig
 from ..models import presets, rollouts, sampling, scoring, shared_prompt
 from ..train.schedule import clipped_step, warmup_linear_decay
-from . import losses
+from . import losses, variants
 from .variants import Resolved
 
 # The prompt order and the sampling seeds come from two generators of their own,
@@ -197,73 +198,76 @@ def reference_scores(reference, batch: scoring.Batch, scorer=None) -> tuple[torc
         return (scorer or plain_scorer(batch))(reference)
 
 
-def grpo_loss(logp_cur: torch.Tensor, logits_cur: torch.Tensor, ref_scores: tuple[torch.Tensor, torch.Tensor],
-                   mask: torch.Tensor, logp_old: torch.Tensor | None, advantages: torch.Tensor | None, G: int,
-                   config: PresetConfig, resolved: Resolved, measure_mask: torch.Tensor | None = None,
-                   token_weights: torch.Tensor | None = None) -> tuple[torch.Tensor, dict]:
+@dataclass
+class Rows:
+    """What an iteration's updates learn from: B rows (the rollouts, P prompts x G responses, prompt-major,
+    for GRPO; RFT's and SFT's own rows), fixed across the iteration's updates."""
+
+    batch: scoring.Batch
+    """the rows' token ids and their response mask (B, R)"""
+    scorer: Callable
+    """scorer(model) -> (logp (B, R), logits (B, R, V)): `plain_scorer(batch)` or `shared_prompt_scorer`"""
+    loss_mask: torch.Tensor
+    """(B, R) the tokens the loss sees: the response mask, less what a filter takes out"""
+    G: int | None
+    """responses per prompt, for the reduction; None: the rows are one group (RFT, SFT)"""
+    logp_old: torch.Tensor | None = None
+    """(B, R) the old policy's log-probs (the sampler's record), None for an objective without a ratio"""
+    advantages: torch.Tensor | None = None
+    """(B,) float64, one per row; None for an objective without an advantage"""
+    token_weights: torch.Tensor | None = None
+    """(B, R) truncated importance sampling's weights, or None"""
+
+    @classmethod
+    def of_rollouts(cls, batch: scoring.Batch, logp_old: torch.Tensor, advantages: torch.Tensor, G: int) -> "Rows":
+        """The protocol's rows: the rollouts themselves, every response token in the loss, scored plainly."""
+        return cls(batch=batch, scorer=plain_scorer(batch), loss_mask=batch.response_mask, G=G, logp_old=logp_old,
+                   advantages=advantages)
+
+
+def grpo_loss(batch: variants.LossBatch, resolved: Resolved) -> tuple[torch.Tensor, dict]:
     """Loss = the objective's term + kl_coef x its KL term (both from `resolved`: for the protocol, the
-    clipped surrogate `losses.clipped_surrogate` and the exact per-prefix KL).
+    clipped surrogate `losses.clipped_surrogate` and the exact per-prefix KL `losses.exact_prefix_kl`,
+    each reduced token -> response -> prompt).
 
-    logp_cur, logits_cur: (B, R), (B, R, V) of the current policy (with gradients), B = P x G
-                          rows, prompt-major, R the longest response
-    ref_scores:           (logp_ref (B, R), logits_ref (B, R, V)) of the frozen reference (`reference_scores`)
-    mask:                 (B, R) the tokens the loss sees; logp_old (B, R) recorded at sampling time;
-                          advantages (B,) one per response (both detached; None for RFT and SFT)
-    token_weights:        (B, R) truncated importance sampling's weights on the term, or None
-
-    The protocol's term is reduced token -> response -> prompt; RFT's and SFT's is the rows' mean
-    negative log-likelihood, all rows one group.  The logged `kl`, `kl_k3` and `entropy` are always
-    the protocol's measures, a sequence mean over `measure_mask` (default: `mask`; the loop passes
-    every response token, so that a filter on the loss does not change what is measured), whatever
-    the loss's reduction (`labkit.grpo.variants`).  Returns (loss 0-d, metrics).
+    batch: the loss's one record (`variants.LossBatch`: the current policy's log-probs and logits with
+    gradients, the reference's, logp_old, the advantages, the masks).  The logged `kl`, `kl_k3` and
+    `entropy` are always the protocol's measures, a sequence mean over every response token, whatever
+    the loss's reduction and whatever a filter takes out of the loss.  Returns (loss 0-d, metrics).
     """
-    groups = G if resolved.objective.grouped else None
-    reduction = resolved.reduction
-    term, term_stats = resolved.objective.term(
-        logp_cur, logp_old, advantages, mask, clip_eps=config.clip_eps, G=groups, reduction=reduction,
-        clip_eps_high=resolved.clip_eps_high, max_new_tokens=config.max_new_tokens,
-        token_weights=token_weights)
-    reduce = lambda values: losses.reduce(values, mask, groups, reduction, config.max_new_tokens)  # noqa: E731
-    measured = mask if measure_mask is None else measure_mask
-    measure = (reduce if reduction == "sequence" and measured is mask
-               else lambda values: losses.reduce(values, measured, groups, "sequence"))  # noqa: E731
-    penalty, exact, k3 = resolved.kl_term((logp_cur, logits_cur), ref_scores, reduce, measure, config.kl_block_size)
-    loss = term + config.kl_coef * penalty
+    term, term_stats = resolved.objective.term(batch.logp, batch.logp_old, batch.advantages, batch.mask, G=batch.G,
+                                               token_weights=batch.token_weights)
+    penalty, exact, k3 = resolved.kl_term(batch)
+    loss = term + resolved.kl_coef * penalty
     with torch.no_grad():
-        entropy = measure(losses.token_entropy(logits_cur.detach()))
+        entropy = batch.measure(losses.token_entropy(batch.logits.detach()))
     metrics = {"loss": float(loss.detach()), "surrogate": float(term.detach()), "kl": float(exact.detach()),
                "kl_k3": float(k3.detach()), "entropy": float(entropy), **term_stats}
     return loss, metrics
 
 
-def grpo_update(model, optimizer, batch: scoring.Batch, logp_old: torch.Tensor | None,
-                advantages: torch.Tensor | None, ref_scores: tuple[torch.Tensor, torch.Tensor], lr: float, *,
-                G: int, config: PresetConfig, resolved: Resolved, before_step=None, scorer=None,
-                loss_mask: torch.Tensor | None = None, token_weights: torch.Tensor | None = None) -> dict:
-    """One AdamW update of the loss (`grpo_loss`) at learning rate `lr`, gradient norm clipped
-    (`schedule.clipped_step`); returns its metrics.
+def grpo_update(model, optimizer, rows: Rows, ref_scores: tuple[torch.Tensor, torch.Tensor], lr: float,
+                resolved: Resolved, grad_clip: float, before_step=None) -> dict:
+    """One AdamW update of the loss (`grpo_loss`) on `rows` at learning rate `lr`, the gradient's norm
+    clipped to `grad_clip` (`schedule.clipped_step`); returns its metrics.
 
-    One forward of the current policy (`scorer`: of the batch, default `plain_scorer`); ref_scores: the
-    frozen reference's (`reference_scores`).
-    `before_step(logp_cur)` (detached, (B, R)) runs after it and before anything changes the
-    weights: the loop passes the pre-update check there, so the check costs no forward of its own.
-    resolved: the run's variant, resolved once (`labkit.grpo.variants.resolve`; the protocol's is
-    `variants.resolve(Variant(), config)`).
-    loss_mask: (B, R) the tokens the loss sees, when not all the response tokens (overlong filtering).
-    token_weights: (B, R) truncated importance sampling's weights (`losses.truncated_importance_weights`).
-    """
-    device = next(model.parameters()).device
+    One forward of the current policy (`rows.scorer`); ref_scores: the frozen reference's (`reference_scores`).
+    `before_step(logp_cur)` (detached, (B, R)) runs after it and before anything changes the weights:
+    the loop passes the pre-update check there, so the check costs no forward of its own.
+    resolved: the run's variant, resolved once (`variants.resolve`; the protocol's is
+    `variants.resolve(Variant(), config)`)."""
     optimizer.zero_grad(set_to_none=True)
-    logp_cur, logits_cur = (scorer or plain_scorer(batch))(model)  # (B, R), (B, R, V)
+    logp_cur, logits_cur = rows.scorer(model)  # (B, R), (B, R, V)
     if before_step is not None:
         before_step(logp_cur.detach())
-    mask = (batch.response_mask if loss_mask is None else loss_mask).to(device)
-    to_device = lambda t: None if t is None else t.to(device)  # noqa: E731  (RFT and SFT have neither)
-    loss, metrics = grpo_loss(logp_cur, logits_cur, ref_scores, mask, to_device(logp_old),
-                                   to_device(advantages), G, config, resolved,
-                                   measure_mask=None if loss_mask is None else batch.response_mask.to(device),
-                                   token_weights=to_device(token_weights))
-    grad_norm = clipped_step(optimizer, loss, lr, config.grad_clip)
+    device = logp_cur.device
+    on_device = lambda t: None if t is None else t.to(device)  # noqa: E731  (RFT and SFT have no logp_old)
+    batch = variants.LossBatch(logp=logp_cur, logits=logits_cur, logp_ref=ref_scores[0], logits_ref=ref_scores[1],
+                               mask=rows.loss_mask.to(device), measure_mask=rows.batch.response_mask.to(device),
+                               G=rows.G, logp_old=on_device(rows.logp_old), advantages=on_device(rows.advantages),
+                               token_weights=on_device(rows.token_weights))
+    loss, metrics = grpo_loss(batch, resolved)
+    grad_norm = clipped_step(optimizer, loss, lr, grad_clip)
     return {**metrics, "grad_norm": grad_norm, "learning_rate": lr}
 
 
@@ -453,70 +457,72 @@ def solver_target_rows(loop: Loop, s: Sampled) -> tuple[list[list[int]], list[li
             [scoring.target_response_ids(loop.tokenizer, p["target"]) for p in s.chosen])
 
 
+def row_limits(config: PresetConfig) -> tuple[int, int, int]:
+    """(prompt, response, row) token limits of the updates' rows: as long as the protocol allows, or the
+    run's own limit where it is longer (worked answers: 160); the solver's targets (objective "sft") are
+    never longer than the protocol's 64."""
+    response_limit = max(config.max_new_tokens, scoring.MAX_NEW_TOKENS)
+    return config.max_prompt_tokens, response_limit, config.max_prompt_tokens + response_limit
+
+
+def learning_rows(loop: Loop, s: Sampled) -> Rows | None:
+    """The rows the iteration's updates learn from, as the objective picks them (GRPO: the rollouts with
+    their recorded logp_old and advantages; RFT: the right ones; SFT: the solver's targets), in one batch
+    with its loss mask and scorer; None when nothing is left to learn from (RFT with no right response,
+    or every response filtered out)."""
+    resolved = loop.resolved
+    prompts, responses = resolved.objective.rows(s.rollouts, s.optimised, lambda: solver_target_rows(loop, s))
+    if not prompts:
+        return None
+    limits = row_limits(loop.config)
+    batch = scoring.make_batch(prompts, responses, pad_id=loop.tokenizer.pad_token_id, limits=limits)
+    loss_mask = resolved.loss_mask(s.rollouts, batch.response_mask)  # (B, R)
+    if not loss_mask.any():
+        return None
+    on_rollouts = resolved.objective.on_rollouts  # the rows are the rollouts: grouped, with a ratio
+    return Rows(batch=batch, loss_mask=loss_mask, G=loop.G if resolved.objective.grouped else None,
+                scorer=(shared_prompt_scorer(prompts, responses, loop.G, loop.tokenizer.pad_token_id, limits=limits,
+                                             bucket_tokens=loop.bucket_tokens)
+                        if loop.shared_prompts and on_rollouts else plain_scorer(batch)),
+                logp_old=padded([r.logp_old for r in s.rollouts], batch.response_mask.shape[1]) if on_rollouts else None,
+                advantages=s.advantages if on_rollouts else None)
+
+
 def update_iteration(loop: Loop, s: Sampled) -> tuple[list[dict], dict]:
-    """Stages 4-5: one batch, one reference forward, the updates (two in the protocol); the
-    pre-update check rides on the first update's own forward, before its step, when the rows
-    are the rollouts themselves (else it takes a forward of its own).  With logp_old from the
-    trainer (`labkit.grpo.variants`), one forward before the updates recomputes logp_old, the check
-    compares it with the sampler's record, and truncated importance sampling, when on, weighs
-    each token by min(pi_trainer / pi_sampler, C).  Returns (the updates' metrics, the check's
-    figures); marks the rollouts as used."""
-    config, G, resolved = loop.config, loop.G, loop.resolved
-    rollouts = s.rollouts
+    """Stages 4-5: the rows to learn from, one reference forward, the updates (two in the protocol), the
+    pre-update check riding on the first update's own forward, before its step.  (A variant may take
+    logp_old from the trainer, or have rows that are not the rollouts: `resolved.logp_old_stage` then runs
+    the check itself.)  Returns (the updates' metrics, the check's figures); marks the rollouts as used."""
+    config, resolved = loop.config, loop.resolved
     check = {}
 
-    def pre_update_check(logp_cur: torch.Tensor) -> None:
+    def pre_update_check(logp_cur: torch.Tensor | None = None) -> None:
+        """The rollouts' recorded log-probs against a full-sequence forward's (`logp_cur`, else one of its own)."""
+        if logp_cur is None:
+            logp_cur = scoring.response_logprobs(loop.model, scoring.make_batch(
+                [r.prompt_ids for r in s.rollouts], [r.response_ids for r in s.rollouts], pad_id=0,
+                limits=row_limits(config)))[0]
         t = time.perf_counter()
-        check.update(sampling.compare_with_recorded(logp_cur, rollouts, tol=config.logprob_check_tol,
+        check.update(sampling.compare_with_recorded(logp_cur, s.rollouts, tol=config.logprob_check_tol,
                                                     strict=resolved.strict_logprob_check))
         check["seconds"] = time.perf_counter() - t  # the comparison only: the forward is the update's
 
-    on_rollouts = resolved.objective.on_rollouts
-    prompts, responses = resolved.objective.rows(rollouts, s.optimised, lambda: solver_target_rows(loop, s))
-    kept = resolved.loss_rows(rollouts) if on_rollouts else None  # (B,) bool, or None: every row
-    if kept is not None and not kept.any():
-        prompts = []  # every response was filtered out: nothing to learn from
-    # rows as long as the protocol allows, or the run's own limit where it is longer (worked answers: 160);
-    # the solver's targets (objective "sft") are never longer than the protocol's 64
-    response_limit = max(config.max_new_tokens, scoring.MAX_NEW_TOKENS)
-    limits = (config.max_prompt_tokens, response_limit, config.max_prompt_tokens + response_limit)
-    if not on_rollouts or not prompts:
-        pre_update_check(scoring.response_logprobs(loop.model, scoring.make_batch(
-            [r.prompt_ids for r in rollouts], [r.response_ids for r in rollouts], pad_id=0, limits=limits))[0])
-    updates = []
-    if prompts:
-        batch = scoring.make_batch(prompts, responses, pad_id=loop.tokenizer.pad_token_id, limits=limits)
-        loss_mask = None if kept is None else batch.response_mask * kept[:, None].to(batch.response_mask.dtype)
-        logp_old = padded([r.logp_old for r in rollouts], batch.response_mask.shape[1]) if on_rollouts else None
-        scorer = (shared_prompt_scorer(prompts, responses, G, loop.tokenizer.pad_token_id, limits=limits,
-                                       bucket_tokens=loop.bucket_tokens)
-                  if loop.shared_prompts and on_rollouts else plain_scorer(batch))
-        ref_scores = reference_scores(loop.reference, batch, scorer)
-        weights = None  # (B, R) truncated importance sampling's, or None
-        if resolved.recompute_logp_old:  # the trainer's logp_old replaces the sampler's record
-            with torch.no_grad():
-                trainer_logp_old = scorer(loop.model)[0]
-            pre_update_check(trainer_logp_old)
-            if resolved.tis_cap is not None:
-                device = trainer_logp_old.device  # the sampler's record is on the CPU, the trainer's on its device
-                weights = losses.truncated_importance_weights(trainer_logp_old, logp_old.to(device),
-                                                              batch.response_mask.to(device), resolved.tis_cap)
-                active = batch.response_mask.to(device).bool()
-                check.update({"tis_weight_mean": float(weights[active].mean()),
-                              "tis_capped": float((weights[active] >= resolved.tis_cap).double().mean())})
-            logp_old = trainer_logp_old
-        for k in range(resolved.updates_per_iteration):
-            lr = warmup_linear_decay(loop.next_update, loop.total_updates, config.grpo_lr, config.warmup_fraction,
-                                     config.final_lr_fraction)
-            first = k == 0 and on_rollouts and not resolved.recompute_logp_old
-            updates.append(grpo_update(loop.model, loop.optimizer, batch, logp_old, s.advantages, ref_scores, lr,
-                                       G=G, config=config, resolved=resolved,
-                                       before_step=pre_update_check if first else None, scorer=scorer,
-                                       loss_mask=loss_mask, token_weights=weights))
-            loop.next_update += 1
-    else:  # RFT with no correct response (or every response overlong): nothing to learn from, no update
+    loop.consumed += [r.rollout_id for r in s.rollouts]
+    rows = learning_rows(loop, s)
+    if rows is None:  # nothing to learn from: no update, but the schedule moves on as if there were
+        pre_update_check()
         loop.next_update += resolved.updates_per_iteration
-    loop.consumed += [r.rollout_id for r in rollouts]
+        return [], check
+    ref_scores = reference_scores(loop.reference, rows.batch, rows.scorer)
+    rows, check_on_first_update, old_stats = resolved.logp_old_stage(rows, loop.model, pre_update_check)
+    check.update(old_stats)
+    updates = []
+    for k in range(resolved.updates_per_iteration):
+        lr = warmup_linear_decay(loop.next_update, loop.total_updates, config.grpo_lr, config.warmup_fraction,
+                                 config.final_lr_fraction)
+        updates.append(grpo_update(loop.model, loop.optimizer, rows, ref_scores, lr, resolved, config.grad_clip,
+                                   before_step=check_on_first_update if k == 0 else None))
+        loop.next_update += 1
     return updates, check
 
 

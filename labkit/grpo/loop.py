@@ -1,7 +1,7 @@
 """The GRPO run: the protocol's 100 iterations of `labkit.grpo.core`, and everything around them.
 
 Run folder (a `labkit.lab.runs.RunFolder`): `rollouts.jsonl.gz` (every rollout, one gzip member
-appended per iteration), `timings.jsonl` (wall-clock evidence, one line per iteration, kept
+appended per iteration), `timings.jsonl.gz` (wall-clock evidence, one line per iteration, kept
 outside the compared state), `parts.json` (the ledger: each part's rows, size and digest, each
 state's digest), `history.json` (per-iteration metrics), `model.safetensors` (final policy,
 reloaded and its digest checked), `states/iter-<k>.pt.gz` (full states, each carrying the ledger
@@ -367,7 +367,7 @@ def _progress_bar(enabled: bool, start: int, end: int, G: int):
 
 # A run's parts, named in its ledger; the files a fresh attempt clears (cleanup is the only glob).
 ROLLOUTS_PART = "rollouts.jsonl.gz"
-TIMINGS_PART = "timings.jsonl"
+TIMINGS_PART = "timings.jsonl.gz"
 CHECKPOINTS_PART = "checkpoints.jsonl"
 ATTEMPT_FILES = (ROLLOUTS_PART, TIMINGS_PART, CHECKPOINTS_PART, "history.json", "model.safetensors", "manifest.json",
                  "resume_report.json", "stopped-at-*.json", "states/iter-*.pt.gz")

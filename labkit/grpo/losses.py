@@ -304,19 +304,27 @@ def clipped_surrogate(
     loss = -reduce(objective, mask, G, reduction, max_new_tokens)
 
     with torch.no_grad():
-        low = (rho < 1.0 - clip_eps) & (adv < 0) & active
-        high = (rho > 1.0 + eps_high) & (adv > 0) & active
-        n_active = active.sum().clamp_min(1).to(torch.float64)
-        rho_active = rho[active]
-        stats = {
-            "clip_ratio/low_mean": (low.sum() / n_active).item(),
-            "clip_ratio/high_mean": (high.sum() / n_active).item(),
-            "clip_ratio/region_mean": ((low | high).sum() / n_active).item(),
-            "ratio/mean": rho_active.mean().item(),
-            "ratio/min": rho_active.min().item(),
-            "ratio/max": rho_active.max().item(),
-        }
+        stats = clip_statistics(rho, (rho < 1.0 - clip_eps) & (adv < 0), (rho > 1.0 + eps_high) & (adv > 0), active)
     return loss, stats
+
+
+def clip_statistics(ratio: torch.Tensor, low: torch.Tensor, high: torch.Tensor,
+                    active: torch.Tensor | None = None) -> dict[str, float]:
+    """The clip's statistics, the same keys for every objective: over the active entries of `ratio`
+    ((B, T) per token, or (B,) per response), the shares where the low clip acts (`low`, bool, the same
+    shape), where the high one does (`high`) and where either does, and the ratio's mean, min and max.
+    active: bool, the same shape (the response tokens); None: every entry counts."""
+    active = torch.ones_like(low) if active is None else active
+    n_active = active.sum().clamp_min(1).to(torch.float64)
+    low, high, ratio_active = low & active, high & active, ratio[active]
+    return {
+        "clip_ratio/low_mean": (low.sum() / n_active).item(),
+        "clip_ratio/high_mean": (high.sum() / n_active).item(),
+        "clip_ratio/region_mean": ((low | high).sum() / n_active).item(),
+        "ratio/mean": ratio_active.mean().item(),
+        "ratio/min": ratio_active.min().item(),
+        "ratio/max": ratio_active.max().item(),
+    }
 
 
 def truncated_importance_weights(logp_trainer: torch.Tensor, logp_sampler: torch.Tensor, mask: torch.Tensor,

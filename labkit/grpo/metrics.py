@@ -65,7 +65,7 @@ GRPO_UPDATE = {
     "learning_rate": "the schedule's rate for this update",
 }
 
-# One GRPO iteration's wall times (timings.jsonl; evidence only, never compared).
+# One GRPO iteration's wall times (timings.jsonl.gz; evidence only, never compared).
 GRPO_TIMINGS = {
     "iteration": "1-based index of the iteration",
     "generation": "seconds sampling the P x G responses (and verifying them)",

@@ -15,6 +15,10 @@ part of the loop and nothing else:
     baseline           what is subtracted from each reward: "group_mean" (GRPO, Dr. GRPO);
                        "leave_one_out": the mean of the group's other G - 1 rewards (RLOO);
                        "none": nothing, A = r (REINFORCE on the 0/1 reward)
+    advantage_sign     which half of the signal the loss keeps: "both" (the protocol); "positive":
+                       only A > 0, the rewarded responses pushed up (positive sample reinforcement);
+                       "negative": only A < 0, the failed ones pushed down (Zhu et al. 2025,
+                       "The surprising effectiveness of negative reinforcement"); the other half is 0
     scale_by_std       True: A = (r - mean) / (std + eps) (GRPO); False: A = r - mean (Dr. GRPO).
                        With near-equal rewards the division amplifies tiny differences.  Only
                        with the group-mean baseline.
@@ -70,6 +74,7 @@ terms of GSPO and CISPO are `labkit.grpo.objectives`' (each checked against its 
 from __future__ import annotations
 
 import copy
+import dataclasses
 import hashlib
 import json
 from dataclasses import asdict, dataclass, fields
@@ -86,6 +91,7 @@ REDUCTIONS = losses.REDUCTIONS
 KLS = ("exact", "k1", "k2", "k3", "none")
 REWARDS = ("verifier", "random", "format", "learned", "learned_guarded")
 BASELINES = ("group_mean", "leave_one_out", "none")
+ADVANTAGE_SIGNS = ("both", "positive", "negative")
 SAMPLER_WEIGHTS = ("float32", "bfloat16", "float8")
 LOGP_OLD_FROM = ("sampler", "trainer")
 # The switches each objective never reads: a value other than the default would be recorded in the run's
@@ -94,8 +100,9 @@ IGNORED_BY = {
     "grpo": (),
     "cispo": (),
     "gspo": ("clip_eps_high",),
-    "rft": ("baseline", "scale_by_std", "clip_eps_high", "overlong_filter", "dynamic_sampling"),
-    "sft": ("baseline", "scale_by_std", "clip_eps_high", "overlong_filter", "dynamic_sampling", "reward",
+    "rft": ("baseline", "advantage_sign", "scale_by_std", "clip_eps_high", "overlong_filter", "dynamic_sampling"),
+    "sft": ("baseline", "advantage_sign", "scale_by_std", "clip_eps_high", "overlong_filter", "dynamic_sampling",
+            "reward",
             "random_reward_p", "length_penalty"),
 }
 IGNORED_WHY = {
@@ -130,6 +137,8 @@ class Variant:
     """the random control's success probability (required with reward "random")"""
     baseline: str = "group_mean"
     """"group_mean", "leave_one_out" (RLOO) or "none" (REINFORCE)"""
+    advantage_sign: str = "both"
+    """"both", "positive" (only A > 0 kept) or "negative" (only A < 0 kept)"""
     clip_eps_high: float | None = None
     """the upper clip's epsilon (DAPO: 0.28); None: the preset's clip_eps"""
     overlong_filter: bool = False
@@ -145,7 +154,7 @@ class Variant:
 
     def __post_init__(self):
         for name, allowed in (("objective", OBJECTIVES), ("reduction", REDUCTIONS), ("kl", KLS),
-                              ("reward", REWARDS), ("baseline", BASELINES),
+                              ("reward", REWARDS), ("baseline", BASELINES), ("advantage_sign", ADVANTAGE_SIGNS),
                               ("sampler_weights", SAMPLER_WEIGHTS), ("logp_old_from", LOGP_OLD_FROM)):
             if getattr(self, name) not in allowed:
                 raise ValueError(f"variant {name}={getattr(self, name)!r}: expected one of {allowed}")
@@ -274,34 +283,69 @@ REWARD_TABLE = {
     "learned_guarded": Reward(guarded_learned_reward, needs_learned_verifier=True),
 }
 
-# KL terms.  Each takes the current policy's (logp (B, R), logits (B, R, V)), the reference's (ref_scores),
-# `reduce(values (B, R)) -> 0-d` (the loss's reduction, the variant's), `measure(values) -> 0-d` (the
-# protocol's sequence mean over every response token, the same for every run) and the exact KL's block
-# size, and returns (penalty, exact, k3): the term the loss optimises, reduced as the loss is, and the
-# two logged measures.  The logged `kl` is always the exact per-prefix KL under `measure`, without
-# gradient when it is not the one optimised, so that runs with different penalties and different
-# reductions are compared on the same measure.
+# The loss's terms.  Every objective term and every KL term takes one record, the batch of the loss
+# (`LossBatch`), and the settings `resolve` binds to it once (the preset's clip, the variant's reduction):
+#     term(batch) -> (value 0-d, statistics)        objective terms (`OBJECTIVE_TABLE`)
+#     kl_term(batch) -> (penalty, exact, k3)        KL terms (`KL_TABLE`)
+# A KL term returns the penalty the loss optimises, reduced as the loss is, and the two logged
+# measures.  The logged `kl` is always the exact per-prefix KL under the protocol's measure (a
+# sequence mean over every response token), without gradient when it is not the one optimised, so
+# that runs with different penalties and different reductions are compared on the same measure.
 
 
-def exact_kl_term(current, ref_scores, reduce, measure, block_size: int):
+@dataclass(frozen=True)
+class LossBatch:
+    """One batch of the loss: B rows (P prompts x G responses, prompt-major; or RFT's and SFT's rows,
+    one group of all), R response positions, V the vocabulary."""
+
+    logp: torch.Tensor
+    """(B, R) the current policy's log-probs of the rows' tokens, with gradient"""
+    logits: torch.Tensor
+    """(B, R, V) the current policy's logits at those positions, with gradient"""
+    logp_ref: torch.Tensor
+    """(B, R) the frozen reference's log-probs"""
+    logits_ref: torch.Tensor
+    """(B, R, V) the frozen reference's logits"""
+    mask: torch.Tensor
+    """(B, R) 1 on the tokens the loss sees (every response token, less what a filter takes out)"""
+    measure_mask: torch.Tensor
+    """(B, R) 1 on every response token: what the logged measures average over"""
+    G: int | None
+    """responses per prompt, for the reduction; None: the rows are one group"""
+    logp_old: torch.Tensor | None = None
+    """(B, R) the old policy's log-probs, recorded at sampling (detached); None: an objective with no ratio"""
+    advantages: torch.Tensor | None = None
+    """(B,) one per row (detached); None: an objective with no advantage"""
+    token_weights: torch.Tensor | None = None
+    """(B, R) truncated importance sampling's weights on the term (detached), or None"""
+
+    def reduce(self, values: torch.Tensor, reduction: str, max_new_tokens: int | None = None) -> torch.Tensor:
+        """(B, R) per-token values -> 0-d over the loss's tokens, by `reduction` (`losses.reduce`)."""
+        return losses.reduce(values, self.mask, self.G, reduction, max_new_tokens)
+
+    def measure(self, values: torch.Tensor) -> torch.Tensor:
+        """(B, R) -> 0-d: the protocol's sequence mean over every response token (the logged measures)."""
+        return losses.reduce(values, self.measure_mask, self.G, "sequence")
+
+
+def exact_kl_term(batch: LossBatch, *, reduction: str, max_new_tokens: int, block_size: int):
     """The exact per-prefix KL(current || reference) over the vocabulary (the protocol)."""
+    values = losses.exact_prefix_kl(batch.logits, batch.logits_ref, block_size=block_size)
+    penalty = batch.reduce(values, reduction, max_new_tokens)
     with torch.no_grad():
-        k3 = measure(losses.kl_estimators(current[0].detach(), ref_scores[0])["k3"])
-    values = losses.exact_prefix_kl(current[1], ref_scores[1], block_size=block_size)
-    penalty = reduce(values)
-    with torch.no_grad():
-        exact = penalty.detach() if reduce is measure else measure(values.detach())
+        exact = batch.measure(values.detach())
+        k3 = batch.measure(losses.kl_estimators(batch.logp.detach(), batch.logp_ref)["k3"])
     return penalty, exact, k3
 
 
 def estimator_kl_term(name: str) -> Callable:
     """The KL term that puts estimator `name` ("k1", "k2" or "k3") of `losses.kl_estimators` in the loss."""
-    def term(current, ref_scores, reduce, measure, block_size: int):
-        values = losses.kl_estimators(current[0], ref_scores[0])
-        estimate = reduce(values[name])
+    def term(batch: LossBatch, *, reduction: str, max_new_tokens: int, block_size: int):
+        values = losses.kl_estimators(batch.logp, batch.logp_ref)
+        estimate = batch.reduce(values[name], reduction, max_new_tokens)
         with torch.no_grad():
-            k3 = measure(values["k3"].detach())
-            exact = measure(losses.exact_prefix_kl(current[1].detach(), ref_scores[1], block_size=block_size))
+            k3 = batch.measure(values["k3"].detach())
+            exact = batch.measure(losses.exact_prefix_kl(batch.logits.detach(), batch.logits_ref, block_size=block_size))
         return estimate, exact, k3
     term.__doc__ = f"The {name} estimator on the sampled tokens, in the loss as it is" + (
         " (DeepSeekMath, TRL)." if name == "k3" else ".")
@@ -311,67 +355,61 @@ def estimator_kl_term(name: str) -> Callable:
 k3_kl_term = estimator_kl_term("k3")
 
 
-def no_kl_term(current, ref_scores, reduce, measure, block_size: int):
+def no_kl_term(batch: LossBatch, *, reduction: str, max_new_tokens: int, block_size: int):
     """No penalty; both measures are still logged."""
     with torch.no_grad():
-        k3 = measure(losses.kl_estimators(current[0].detach(), ref_scores[0])["k3"])
-        exact = measure(losses.exact_prefix_kl(current[1].detach(), ref_scores[1], block_size=block_size))
-    return torch.zeros((), device=current[0].device), exact, k3
+        k3 = batch.measure(losses.kl_estimators(batch.logp.detach(), batch.logp_ref)["k3"])
+        exact = batch.measure(losses.exact_prefix_kl(batch.logits.detach(), batch.logits_ref, block_size=block_size))
+    return torch.zeros((), device=batch.logp.device), exact, k3
 
 
 KL_TABLE = {"exact": exact_kl_term, "k1": estimator_kl_term("k1"), "k2": estimator_kl_term("k2"),
             "k3": k3_kl_term, "none": no_kl_term}
 
-# Objectives.  Each entry says which rows the updates learn from and which loss term they use.
+# Objective terms.  Every one has the signature of the protocol's, `losses.clipped_surrogate`, which is
+# its table entry itself:
+#     term(logp (B, R), logp_old (B, R), advantages (B,), mask (B, R), *, G, token_weights,
+#          clip_eps, clip_eps_high, reduction, max_new_tokens) -> (value 0-d, statistics)
+# `core.grpo_loss` passes the batch's tensors (`LossBatch`); `resolve` binds the four settings once
+# (clip_eps_high: the preset's clip_eps unless the variant sets it).  Every term's statistics have the
+# same clip keys (`losses.clip_statistics`); an objective without a ratio gets None for logp_old and the
+# advantages.
 
 
-# Every objective's term takes the clipped surrogate's arguments (`losses.clipped_surrogate`: the
-# protocol's term is that function itself) and returns (value 0-d, statistics):
-#     term(logp_cur (B, R), logp_old (B, R), advantages (B,), mask (B, R), clip_eps, G,
-#          reduction, clip_eps_high, max_new_tokens, token_weights)
-# clip_eps_high None means clip_eps (a symmetric clip); token_weights (B, R) or None are truncated
-# importance sampling's, which only GRPO's term takes (`Variant` refuses tis_cap with any other).
-
-
-def sequence_ratio_term(logp_cur, logp_old, advantages, mask, clip_eps, G, reduction, clip_eps_high,
-                        max_new_tokens, token_weights=None):
+def sequence_ratio_term(logp, logp_old, advantages, mask, *, G, token_weights, clip_eps, clip_eps_high, reduction,
+                        max_new_tokens):
     """GSPO: each response's ratio exp(mean_t log-ratio), clipped per response to the paper's
-    [1 - 3e-4, 1 + 4e-4] (`objectives.DEFAULTS`), a mean over each group's responses, then over groups."""
-    eps_low, eps_high = objectives.DEFAULTS["gspo"]["epsilon_low"], objectives.DEFAULTS["gspo"]["epsilon_high"]
-    s = objectives.sequence_ratio(logp_cur, logp_old, mask)  # (B,)
+    [1 - 3e-4, 1 + 4e-4] (`objectives.GSPO_CLIP_EPS`), a mean over each group's responses, then over groups."""
+    eps_low, eps_high = objectives.GSPO_CLIP_EPS, objectives.GSPO_CLIP_EPS_HIGH
+    s = objectives.sequence_ratio(logp, logp_old, mask)  # (B,)
     per_response = objectives.clipped_term(s, advantages, eps_low, eps_high)  # (B,)
     rows = per_response.shape[0]
     G = rows if G is None else G
     value = -per_response.view(rows // G, G).mean(dim=1).mean()
     with torch.no_grad():
         adv = advantages.to(s.dtype)
-        low, high = (s < 1.0 - eps_low) & (adv < 0), (s > 1.0 + eps_high) & (adv > 0)
-        stats = {"clip_ratio/low_mean": low.double().mean().item(), "clip_ratio/high_mean": high.double().mean().item(),
-                 "clip_ratio/region_mean": (low | high).double().mean().item(),
-                 "ratio/mean": s.mean().item(), "ratio/min": s.min().item(), "ratio/max": s.max().item()}
+        stats = losses.clip_statistics(s, (s < 1.0 - eps_low) & (adv < 0), (s > 1.0 + eps_high) & (adv > 0))
     return value, stats
 
 
-def capped_weight_term(logp_cur, logp_old, advantages, mask, clip_eps, G, reduction, clip_eps_high,
-                       max_new_tokens, token_weights=None):
+def capped_weight_term(logp, logp_old, advantages, mask, *, G, token_weights, clip_eps, clip_eps_high, reduction,
+                       max_new_tokens):
     """CISPO: sg(min(rho, 1 + eps_high)) A log pi on every token, reduced as the variant says; the
     "high" share is the tokens whose weight the cap cut (their gradient is kept, scaled down)."""
-    cap = 1.0 + (clip_eps if clip_eps_high is None else clip_eps_high)
-    per_token = objectives.capped_weight_per_token(logp_cur, logp_old, advantages, cap)
+    cap = 1.0 + clip_eps_high
+    per_token = objectives.capped_weight_per_token(logp, logp_old, advantages, cap)
     value = -losses.reduce(per_token, mask, G, reduction, max_new_tokens)
     with torch.no_grad():
         active = mask.bool()
-        rho = torch.exp(torch.where(active, logp_cur - logp_old, torch.zeros_like(logp_cur)))[active]
-        capped = (rho > cap).double().mean().item()
-        stats = {"clip_ratio/low_mean": 0.0, "clip_ratio/high_mean": capped, "clip_ratio/region_mean": capped,
-                 "ratio/mean": rho.mean().item(), "ratio/min": rho.min().item(), "ratio/max": rho.max().item()}
+        rho = torch.exp(torch.where(active, logp - logp_old, torch.zeros_like(logp)))
+        stats = losses.clip_statistics(rho, torch.zeros_like(active), rho > cap, active)
     return value, stats
 
 
-def imitation_term(logp_cur, logp_old, advantages, mask, clip_eps, G, reduction, clip_eps_high,
-                   max_new_tokens, token_weights=None):
+def imitation_term(logp, logp_old, advantages, mask, *, G, token_weights, clip_eps, clip_eps_high, reduction,
+                   max_new_tokens):
     """The mean negative log-likelihood of the rows (one group of all); no ratio, so nothing clipped."""
-    return losses.reduce(-logp_cur, mask, None, reduction, max_new_tokens), {
+    return losses.reduce(-logp, mask, None, reduction, max_new_tokens), {
         "clip_ratio/low_mean": 0.0, "clip_ratio/high_mean": 0.0, "clip_ratio/region_mean": 0.0}
 
 
@@ -404,7 +442,7 @@ class Objective:
     on_rollouts: bool
     """the rows are the rollouts themselves (with a ratio to logp_old), not a subset or other rows"""
     term: Callable
-    """the loss term (the comment above)"""
+    """the loss term, with the signature of `losses.clipped_surrogate` (the comment above)"""
     grouped: bool
     """reduce per group of G (the surrogate's) or over all rows as one group (cross-entropy's)"""
 
@@ -439,10 +477,23 @@ def no_baseline(rewards, eps, scale_by_std):
 ADVANTAGE_TABLE = {"group_mean": group_mean_advantages, "leave_one_out": leave_one_out, "none": no_baseline}
 
 
-# Groups and rows.  `refill` takes the iteration's (chosen, groups, optimised (P, G)), P and a
+def signed_advantages(advantages, sign: str):
+    """advantages(rewards) -> (P, G) with only the `sign` half kept ("both": every one; "positive": A > 0;
+    "negative": A < 0), the other entries exactly 0."""
+    if sign == "both":
+        return advantages
+
+    def kept(rewards):
+        a = advantages(rewards)
+        return torch.where(a > 0 if sign == "positive" else a < 0, a, torch.zeros_like(a))
+
+    return kept
+
+
+# Groups and tokens.  `refill` takes the iteration's (chosen, groups, optimised (P, G)), P and a
 # `redraw(tag) -> (chosen, groups, optimised)` that samples P fresh prompts (the loop's), and returns
 # the groups the iteration learns from with an account (None when it changes nothing);
-# `loss_rows(rollouts)` says which rollouts the loss sees ((B,) bool), None for all of them.
+# `loss_mask(rollouts, response_mask)` says which tokens of the rollouts the loss sees.
 
 
 def keep_groups(chosen, groups, optimised, P, redraw):
@@ -469,18 +520,62 @@ def refill_silent_groups(chosen, groups, optimised, P, redraw):
             account)
 
 
-def all_rows(rollouts):
-    """The protocol: the loss sees every rollout."""
-    return None
+def all_tokens(rollouts, response_mask: torch.Tensor) -> torch.Tensor:
+    """The protocol: the loss sees every response token ((B, R), the rows' response mask itself)."""
+    return response_mask
 
 
-def drop_overlong(rollouts) -> torch.Tensor:
-    """DAPO's overlong filtering: (B,) bool, False for a response stopped by the token limit."""
-    return torch.tensor([r.finish_reason != "length" for r in rollouts])
+def drop_overlong(rollouts, response_mask: torch.Tensor) -> torch.Tensor:
+    """DAPO's overlong filtering: (B, R) the response mask, 0 on every token of a response stopped by the
+    token limit."""
+    keep = torch.tensor([r.finish_reason != "length" for r in rollouts])
+    return response_mask * keep[:, None].to(response_mask.dtype)
 
 
 REFILL_TABLE = {False: keep_groups, True: refill_silent_groups}
-LOSS_ROWS_TABLE = {False: all_rows, True: drop_overlong}
+LOSS_MASK_TABLE = {False: all_tokens, True: drop_overlong}
+
+# Where logp_old comes from.  Each stage takes the iteration's rows (`labkit.grpo.core.Rows`), the policy
+# and `check(logp=None)`, the pre-update check (it compares a forward's log-probs of the rollouts with
+# the sampler's record; with no argument it runs a forward of its own), and returns (rows, before_first_step,
+# statistics): the rows the updates learn from, the check to run on the first update's own forward (None:
+# done already) and what the stage adds to the check's record.
+
+
+def recorded_logp_old(rows, model, check):
+    """The protocol: logp_old is the sampler's record; the check rides on the first update's forward."""
+    return rows, check, {}
+
+
+def trainer_logp_old(rows, model, check):
+    """logp_old recomputed by the policy before the first update (one forward more), checked against the
+    sampler's record, then used in its place, as most libraries do: the first ratio is exactly 1."""
+    with torch.no_grad():
+        logp = rows.scorer(model)[0]
+    check(logp)
+    return dataclasses.replace(rows, logp_old=logp), None, {}
+
+
+def importance_weighted_logp_old(rows, model, check, *, tis_cap: float):
+    """`trainer_logp_old`, and each token weighed by truncated importance sampling's
+    min(pi_trainer / pi_sampler, tis_cap) (`losses.truncated_importance_weights`)."""
+    trainer, _, _ = trainer_logp_old(rows, model, check)
+    device = trainer.logp_old.device  # the sampler's record is on the CPU, the trainer's on its device
+    weights = losses.truncated_importance_weights(trainer.logp_old, rows.logp_old.to(device),
+                                                  rows.batch.response_mask.to(device), tis_cap)
+    active = rows.batch.response_mask.to(device).bool()
+    return dataclasses.replace(trainer, token_weights=weights), None, {
+        "tis_weight_mean": float(weights[active].mean()), "tis_capped": float((weights[active] >= tis_cap).double().mean())}
+
+
+def no_logp_old(rows, model, check):
+    """RFT and SFT: no ratio, so no logp_old; their rows are not the rollouts, so the check scores the
+    rollouts in a forward of its own."""
+    check()
+    return rows, None, {}
+
+
+LOGP_OLD_TABLE = {"sampler": recorded_logp_old, "trainer": trainer_logp_old}
 
 
 # The sampler's weights.  Each entry takes the policy and returns the model the iteration samples
@@ -540,24 +635,23 @@ class Resolved:
     advantages: Callable
     """advantages(rewards (P, G)) -> (P, G) float64 (`ADVANTAGE_TABLE`, with the preset's eps)"""
     objective: Objective
+    """the rows the updates learn from and the loss term, bound to the clip and the reduction"""
     kl_term: Callable
-    reduction: str
-    """the loss's reduction ("sequence", "token" or "constant")"""
-    clip_eps_high: float | None
-    """the upper clip's epsilon (None: the preset's clip_eps, a symmetric clip)"""
+    """kl_term(batch) -> (penalty, exact, k3), bound to the reduction and the exact KL's block size"""
+    kl_coef: float
+    """the KL term's coefficient in the loss (the preset's kl_coef, or the run's)"""
     refill: Callable
     """`keep_groups` or `refill_silent_groups` (dynamic sampling)"""
-    loss_rows: Callable
-    """`all_rows` or `drop_overlong` (overlong filtering)"""
+    loss_mask: Callable
+    """loss_mask(rollouts, response_mask (B, R)) -> (B, R): `all_tokens` or `drop_overlong` (overlong filtering)"""
     filters_overlong: bool
+    """for the record: how many responses the filter took out"""
+    logp_old_stage: Callable
+    """where logp_old comes from (`LOGP_OLD_TABLE`; `no_logp_old` for an objective without a ratio)"""
     sampling_policy: Callable
     """sampling_policy(model) -> the model the iteration samples from (`SAMPLER_WEIGHTS_TABLE`)"""
     strict_logprob_check: bool
     """the pre-update check stops the run on a mismatch (False: a sampler that differs on purpose)"""
-    recompute_logp_old: bool
-    """logp_old from the trainer's forward before the first update, not the sampler's record"""
-    tis_cap: float | None
-    """truncated importance sampling's cap (None: no weights)"""
     updates_per_iteration: int
     """updates on each iteration's rollouts (the variant's, else the preset's)"""
     generators: dict
@@ -583,17 +677,23 @@ def resolve(variant: Variant, config: PresetConfig, learned_verifier=None) -> Re
                if reward.needs_generator else reward.compute)
     optimised = (length_penalised(compute, variant.length_penalty, config.max_new_tokens)
                  if variant.length_penalty else compute)
+    objective = OBJECTIVE_TABLE[variant.objective]
+    settings = {"reduction": variant.reduction, "max_new_tokens": config.max_new_tokens}
+    logp_old_stage = (no_logp_old if not objective.on_rollouts
+                    else partial(importance_weighted_logp_old, tis_cap=variant.tis_cap) if variant.tis_cap is not None
+                    else LOGP_OLD_TABLE[variant.logp_old_from])
     return Resolved(
         variant=variant, optimised_reward=optimised,
-        advantages=partial(ADVANTAGE_TABLE[variant.baseline], eps=config.advantage_eps,
-                           scale_by_std=variant.scale_by_std),
-        objective=OBJECTIVE_TABLE[variant.objective], kl_term=KL_TABLE[variant.kl], reduction=variant.reduction,
-        clip_eps_high=variant.clip_eps_high,
-        refill=REFILL_TABLE[variant.dynamic_sampling], loss_rows=LOSS_ROWS_TABLE[variant.overlong_filter],
-        filters_overlong=variant.overlong_filter,
+        advantages=signed_advantages(partial(ADVANTAGE_TABLE[variant.baseline], eps=config.advantage_eps,
+                                             scale_by_std=variant.scale_by_std), variant.advantage_sign),
+        objective=dataclasses.replace(objective, term=partial(
+            objective.term, clip_eps=config.clip_eps, **settings,
+            clip_eps_high=config.clip_eps if variant.clip_eps_high is None else variant.clip_eps_high)),
+        kl_term=partial(KL_TABLE[variant.kl], **settings, block_size=config.kl_block_size), kl_coef=config.kl_coef,
+        refill=REFILL_TABLE[variant.dynamic_sampling], loss_mask=LOSS_MASK_TABLE[variant.overlong_filter],
+        filters_overlong=variant.overlong_filter, logp_old_stage=logp_old_stage,
         sampling_policy=SAMPLER_WEIGHTS_TABLE[variant.sampler_weights],
         strict_logprob_check=variant.sampler_weights == "float32",
-        recompute_logp_old=variant.logp_old_from == "trainer", tis_cap=variant.tis_cap,
         updates_per_iteration=variant.updates_per_iteration or config.updates_per_iteration,
         generators=generators,
         # a variant's switches make another run, and so does the proxy it optimises; the protocol's identity

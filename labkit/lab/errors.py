@@ -13,9 +13,16 @@ from typing import Callable
 
 from .runs import RunFolderError
 
-USER_ERRORS = (FileExistsError, FileNotFoundError, ValueError, PermissionError, OSError, RunFolderError)
+
+
+class CommandFailed(RuntimeError):
+    """A step's command or a worker's run failed, and the message already says which and why (the failed
+    command printed its own error above; a worker's error is quoted): a traceback of the caller adds nothing."""
+
+
+USER_ERRORS = (FileExistsError, FileNotFoundError, ValueError, PermissionError, OSError, RunFolderError, CommandFailed)
 """what a user's mistake raises (PermissionError: data asked for in the wrong phase; OSError: a full disk,
-a read-only folder)"""
+a read-only folder), and a failure whose message says it all (CommandFailed)"""
 EXIT_REFUSED = 2
 
 

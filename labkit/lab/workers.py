@@ -13,6 +13,11 @@ the workers never outlive the command:
     the command is killed (kill -9)      each worker watches its parent and exits within about a
                                          second of losing it, so no worker writes on, or blocks
                                          forever on a pipe nobody reads
+
+    each_result(fn, jobs, workers, what=..., command=...)  ->  (job, result) as each job ends; then one
+                                         error for all the failures: `skeleton.Interrupted` (naming the
+                                         command that continues) where a Ctrl-C stopped them, else
+                                         `errors.CommandFailed` naming each failed job
 """
 
 from __future__ import annotations
@@ -84,6 +89,34 @@ def run_in_processes(fn, jobs: list, workers: int, *, grace_seconds: float = 30.
                         yield job, outcome[1], None
     finally:
         stop(list(live), grace_seconds)
+
+
+def each_result(fn, jobs: list, workers: int, *, what: str, command: str):
+    """`run_in_processes` for a step's runs: yields (job, result) for each job that ended well, as it ends,
+    and lets the others run on; then, if any failed, raises one error naming each (by `job[0]`):
+    `skeleton.Interrupted` where a Ctrl-C stopped them (each worker's own message names its state), else
+    `errors.CommandFailed("<what> failed: ...")`, which a command prints as one line.  A Ctrl-C that stops the command itself is an Interrupted naming
+    `command`, the command that continues."""
+    from .errors import CommandFailed
+    from .skeleton import Interrupted
+
+    failed = []
+    try:
+        for job, result, error in run_in_processes(fn, jobs, workers):
+            if error is None:
+                yield job, result
+            else:
+                failed.append(f"{job[0]}: {error}")
+    except KeyboardInterrupt as err:
+        if isinstance(err, Interrupted):
+            raise
+        raise Interrupted(f"{what} stopped (Ctrl-C): every unfinished run kept its newest state; continue with "
+                          f"`{command}`") from None
+    stopped = [f for f in failed if ": Interrupted: " in f]
+    if stopped:
+        raise Interrupted("; ".join(stopped))
+    if failed:
+        raise CommandFailed(f"{what} failed: " + "; ".join(failed))
 
 
 def _answer(receive) -> tuple:

@@ -11,7 +11,8 @@
     overoptimisation_summary
     thinking_base, reasoning,                bases that can work a problem out, GRPO on worked answers
     reasoning_report, skill_test,            (chapter 11), whether a base keeps the skill it never uses,
-    crossover                                pass@k up to 256 before and after RL
+    crossover, reasoning_sweep               pass@k up to 256 before and after RL, each piece of GRPO
+                                             removed where RL works
 
 May import: lab, task, config, models, train, grpo, eval.
 """

@@ -60,14 +60,16 @@ from pathlib import Path
 
 import torch
 
-from ..lab.runs import (REPO_ROOT, ArtifactError, RunFolder, preset_folder, read_json, read_jsonl, sha256_file, write_json,
-                   write_jsonl)
+from ..lab.runs import (REPO_ROOT, ArtifactError, RunFolder, UnfinishedRunError, display_path, preset_folder, read_json,
+                        read_jsonl, sha256_file, write_json, write_jsonl)
+from ..lab.skeleton import holding, refuse_earlier_attempt
 from ..lab.runtime import code_digests, data_digests, deterministic, environment, hashed_seed
 from ..task import data
 from ..task.verifier import score
 from ..models import presets, sampling, scoring
 from ..grpo import core, losses, variants
-from ..grpo.loop import CHECKPOINTS_PART, _iterate, _prepare_folder, finish_run, newest_state, read_rollouts, start_loop, warm_start_file
+from ..grpo.loop import (CHECKPOINTS_PART, _earlier_attempt, _iterate, _prepare_folder, finish_run, newest_state,
+                         read_rollouts, start_loop, warm_start_file)
 from ..grpo.variants import Variant
 from .larger_run import larger_config
 from . import reward_model
@@ -432,30 +434,35 @@ def _fooled_in_window(rows: list[dict], iterations: range, labels: dict[str, dic
             "examples": examples}
 
 
-def run_setting(setting: Setting, preset: str = "tiny", progress: bool = False, threads: int = 1) -> dict:
-    """Train (or resume) one setting's GRPO run, then write its thin record settings/<name>.jsonl.gz."""
+def run_setting(setting: Setting, preset: str = "tiny", progress: bool = False, threads: int = 1, *,
+                resume: bool = False, restart: bool = False) -> dict:
+    """Train one setting's GRPO run, then write its thin record settings/<name>.jsonl.gz.
+
+    The run's life is the run skeleton's (`labkit.lab.skeleton`, through the GRPO loop): a folder holding
+    an unfinished attempt (a Ctrl-C, a kill) is refused unless `resume` (continue from its newest state)
+    or `restart` (delete it); Ctrl-C saves a state and says how to continue."""
     torch.set_num_threads(threads)
     folder_path = grpo_dir(preset, setting.name)
     config = larger_config(preset).with_overrides(grpo_iterations=setting.iterations, checkpoint_every=0)
     variant = Variant(reward="learned", kl="exact" if setting.kl else "none")
-    folder = RunFolder(folder_path)
     began = time.perf_counter()
-    if not folder.is_finished():
-        folder = folder.open_for_writing(False)
-        try:
+    if not RunFolder(folder_path).is_finished():
+        with holding(RunFolder(folder_path)) as folder:
+            resume_from = newest_state(folder) if resume else None
+            attempt = _earlier_attempt(folder)
+            if resume and resume_from is None and attempt:
+                raise UnfinishedRunError(f"{display_path(folder.path)} holds an unfinished attempt ({attempt}) but no "
+                                         "saved state to resume from: pass --restart to delete it and start afresh")
             proxy = load_proxy(setting.proxy, preset)  # the proxy this run optimises (reward "learned")
             loop = start_loop(config, config.G, setting.iterations, warm_start_file(preset),
-                                   "fast", "cpu", variants.resolve(variant, config, proxy), shared_prompts=True)
+                              "fast", "cpu", variants.resolve(variant, config, proxy), shared_prompts=True)
             loop.identity.update(proxy=setting.proxy)
-            resume_from = newest_state(folder)
-            first, first_in_folder = _prepare_folder(folder, loop, resume_from, True, None)
+            first, first_in_folder = _prepare_folder(folder, loop, resume_from, restart, None)
             curves = ValidationCurves(loop, proxy, setting.iterations, setting.curve_every)
             _iterate(folder, loop, first, setting.iterations, (), "fast", progress, curves)
             finish_run(folder, loop, first_in_folder, resume_from,
-                            {"iterations_run": [first, setting.iterations], "state_files": [],
-                             "seconds": time.perf_counter() - began})
-        finally:
-            folder.release()
+                       {"iterations_run": [first, setting.iterations], "state_files": [],
+                        "seconds": time.perf_counter() - began})
     folder = RunFolder(folder_path)
     history = read_json(folder_path / "history.json")
     rows = read_rollouts(folder_path)
@@ -484,10 +491,10 @@ def _shown(path: Path) -> str:
 
 
 def _setting_worker(args) -> tuple[str, float]:
-    name, preset, threads = args
+    name, preset, threads, resume, restart = args
     t0 = time.perf_counter()
     with deterministic("cpu", warn_only=True):
-        run_setting(get_setting(name), preset, threads=threads)
+        run_setting(get_setting(name), preset, threads=threads, resume=resume, restart=restart)
     return name, time.perf_counter() - t0
 
 
@@ -495,12 +502,15 @@ def _setting_worker(args) -> tuple[str, float]:
 
 
 def run_all(preset: str = "tiny", *, only: tuple[str, ...] | None = None, workers: int = 2, threads: int = 1,
-            overwrite: bool = False, progress: bool = True) -> dict:
-    """Proxies, best-of-n and the GRPO settings (each in a worker process, one thread each); then
-    manifest.json with every file's digest.  Finished parts are kept unless `overwrite`."""
-    import concurrent.futures
-    import multiprocessing
+            overwrite: bool = False, progress: bool = True, resume: bool = False, restart: bool = False) -> dict:
+    """Proxies, best-of-n and the GRPO settings (each in a worker process, one thread each: `labkit.lab.workers`,
+    so that no worker outlives the command); then manifest.json with every file's digest.  Finished parts are
+    kept unless `overwrite`.  resume, restart: for each setting whose run holds an unfinished attempt
+    (`run_setting`; without either, such a setting is refused in one line, before any work)."""
+    from ..lab.workers import each_result
 
+    if resume and restart:
+        raise ValueError("--resume continues an unfinished attempt and --restart deletes it: pass one of them")
     if preset != "tiny":
         raise ValueError(f"preset {preset!r}: the over-optimisation runs exist for the tiny preset only")
     for name in only or ():
@@ -510,6 +520,11 @@ def run_all(preset: str = "tiny", *, only: tuple[str, ...] | None = None, worker
         raise FileExistsError(f"{out} is built (manifest.json); pass --overwrite to rebuild it")
     if overwrite:
         (out / "manifest.json").unlink(missing_ok=True)
+    names = [s.name for s in SETTINGS if (not only or s.name in only)
+             and (overwrite or not setting_file(preset, s.name).is_file())]
+    for name in names if not (overwrite or resume or restart) else ():  # refused before any work, by name
+        refuse_earlier_attempt(RunFolder(grpo_dir(preset, name)), _earlier_attempt(RunFolder(grpo_dir(preset, name))),
+                               False, False)
     times_file = out / "times.json"  # seconds of each part, kept across calls (a part runs once)
     times = read_json(times_file) if times_file.is_file() and not overwrite else {}
 
@@ -525,20 +540,19 @@ def run_all(preset: str = "tiny", *, only: tuple[str, ...] | None = None, worker
         t0 = time.perf_counter()
         run_best_of_n(preset, progress)
         timed("best_of_n", time.perf_counter() - t0)
-    names = [s.name for s in SETTINGS if (not only or s.name in only)
-             and (overwrite or not setting_file(preset, s.name).is_file())]
     if overwrite:
         import shutil
 
         for name in names:
             shutil.rmtree(grpo_dir(preset, name), ignore_errors=True)
-    context = multiprocessing.get_context("spawn")
-    with concurrent.futures.ProcessPoolExecutor(max_workers=max(1, workers), mp_context=context) as pool:
-        for name, seconds in pool.map(_setting_worker, [(n, preset, threads) for n in names]):
-            if seconds > 60 or f"grpo/{name}" not in times:  # a record rebuilt from a finished run keeps its time
-                timed(f"grpo/{name}", seconds)
-            if progress:
-                print(f"overoptimisation: {name} done in {seconds:.0f} s", flush=True)
+    command = f"python -m labkit overoptimisation --preset {preset} --resume"
+    jobs = [(n, preset, threads, resume, restart) for n in names]
+    for _, (name, seconds) in each_result(_setting_worker, jobs, workers, what="over-optimisation runs",
+                                          command=command):
+        if seconds > 60 or f"grpo/{name}" not in times:  # a record rebuilt from a finished run keeps its time
+            timed(f"grpo/{name}", seconds)
+        if progress:
+            print(f"overoptimisation: {name} done in {seconds:.0f} s", flush=True)
     if all(setting_file(preset, s.name).is_file() for s in SETTINGS):
         files = sorted(str(p.relative_to(out)) for p in out.rglob("*")
                        if p.is_file() and not p.relative_to(out).parts[0] == "grpo" and p.name != "manifest.json")

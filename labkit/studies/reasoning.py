@@ -34,7 +34,7 @@ Each run is trained by the lab's one GRPO loop (`labkit.grpo.loop.run_grpo` with
 iteration, `--resume` bit for bit) with chapter 11's rows: `history.json`, `rollouts.jsonl.gz` (one
 row per response: rollout id, iteration, problem id, `problem` {initial, movements}, text, finish
 reason, tokens, true reward, optimised reward, advantage, think flag, steps, steps right, category;
-not the token ids, so that the committed cache stays under its 50 MB), `timings.jsonl`,
+not the token ids, so that the committed cache stays under its 50 MB), `timings.jsonl.gz`,
 `checkpoints.jsonl` (the validation profiles), `profile.json.gz`, `manifest.json`, FINISHED;
 `model.safetensors` stays local (its digest is in the manifest).  The updates score each prompt
 once and the responses in buckets of similar length (`labkit.models.shared_prompt`).
@@ -50,13 +50,14 @@ from pathlib import Path
 
 import torch
 
-from ..lab.runs import RunFolder, sha256_file, atomic_write_bytes, preset_folder, write_json
+from ..lab.runs import RunFolder, UnfinishedRunError, atomic_write_bytes, display_path, preset_folder, sha256_file, write_json
+from ..lab.skeleton import refuse_earlier_attempt
 from ..lab.runtime import deterministic
 from ..task import worked
 from ..config import TINY, ReasoningConfig
 from ..models import shared_prompt
-from ..grpo import core
-from ..grpo.loop import CHECKPOINTS_PART, run_grpo, start_loop
+from ..grpo import core, losses
+from ..grpo.loop import CHECKPOINTS_PART, _earlier_attempt, newest_state, run_grpo, start_loop
 from ..grpo import variants
 from ..grpo.tasks import Task
 from ..grpo.variants import Variant
@@ -191,7 +192,9 @@ def iteration_record(rows: list[dict], updates: list[dict], check: dict, iterati
 def record(loop: core.Loop, iteration: int, s: core.Sampled, updates: list[dict], check: dict) -> tuple[dict, list[dict]]:
     """The task's record (`labkit.grpo.tasks`): iteration counts from 0 in the loop, from 1 in the files."""
     rows = rollout_rows(s, iteration + 1)
-    return iteration_record(rows, updates, check, iteration + 1), rows
+    # the share of groups with no signal, as the protocol's record has it (the reasoning sweep reads it)
+    silent = float(losses.zero_variance_groups(s.optimised).float().mean())
+    return {**iteration_record(rows, updates, check, iteration + 1), "optimised/frac_reward_zero_std": silent}, rows
 
 
 def postfix(record: dict) -> dict:
@@ -292,12 +295,12 @@ def train(name: str, preset: str = "tiny", cfg: ReasoningConfig | None = None, *
                     task=task or worked_task(run, cfg), bucket_tokens=shared_prompt.BUCKET_TOKENS)
 
 
-def _worker(job: tuple[str, str, int]) -> tuple[str, float]:
+def _worker(job: tuple[str, str, int, bool, bool]) -> tuple[str, float]:
     """One run in a worker process of `threads` torch threads (spawned: nothing shared with the parent)."""
-    name, preset, threads = job
+    name, preset, threads, resume, restart = job
     torch.set_num_threads(threads)
     t0 = time.perf_counter()
-    train(name, preset, progress=False)
+    train(name, preset, progress=False, resume=resume, restart=restart)
     return name, time.perf_counter() - t0
 
 
@@ -306,21 +309,31 @@ def is_finished(name: str, preset: str = "tiny") -> bool:
 
 
 def run_all(preset: str = "tiny", *, only: tuple[str, ...] | None = None, workers: int = 2, threads: int = 1,
-            progress: bool = True) -> dict[str, float]:
-    """Every run in `only` (default: all) not yet finished, `workers` at a time; returns {run: seconds}."""
-    import concurrent.futures
-    import multiprocessing
+            progress: bool = True, resume: bool = False, restart: bool = False) -> dict[str, float]:
+    """Every run in `only` (default: all) not yet finished, `workers` at a time (`labkit.lab.workers`: a
+    worker never outlives the command); returns {run: seconds}.  resume, restart: for every run that holds
+    an unfinished attempt (without either, such a run is refused in one line, before any work); a run not
+    yet begun simply starts."""
+    from ..lab.workers import each_result
 
     for name in only or ():
         get_run(name)  # an unknown name is refused before any work
     names = [n for n in RUN_NAMES if (not only or n in only) and not is_finished(n, preset)]
+    jobs = []
+    for name in names:  # each run's attempt decided before any work
+        folder = RunFolder(default_run_dir(preset, name))
+        attempt, state = _earlier_attempt(folder), newest_state(folder)
+        refuse_earlier_attempt(folder, attempt, resume, restart)
+        if resume and attempt and state is None:
+            raise UnfinishedRunError(f"{display_path(folder.path)} holds an unfinished attempt ({attempt}) but no "
+                                     "saved state to resume from: pass --restart to delete it and start afresh")
+        jobs.append((name, preset, threads, resume and state is not None, restart))
     times = {}
-    context = multiprocessing.get_context("spawn")
-    with concurrent.futures.ProcessPoolExecutor(max_workers=max(1, workers), mp_context=context) as pool:
-        for name, seconds in pool.map(_worker, [(n, preset, threads) for n in names]):
-            times[name] = seconds
-            if progress:
-                print(f"reasoning: {name} done in {seconds:.0f} s", flush=True)
+    for _, (name, seconds) in each_result(_worker, jobs, workers, what="reasoning runs",
+                                          command=f"python -m labkit reasoning --preset {preset} --resume"):
+        times[name] = seconds
+        if progress:
+            print(f"reasoning: {name} done in {seconds:.0f} s", flush=True)
     if all_finished(preset):
         write_step_manifest(preset)
     return times

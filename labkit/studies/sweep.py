@@ -22,6 +22,12 @@ use all three.  For each run:
    protocol's policies are (`evaluate.run_inference`: greedy and 4 draws on the 200 test problems,
    into <run>/evaluation/), in a worker process; what they share (the finished warm start) is
    checked before the fan-out.
+A file with `"task": "worked"` sweeps chapter 11's GRPO on worked answers instead (issue 56): each
+run's `start` is a thinking base (default "rare_2"), its budget chapter 11's (`ReasoningConfig`:
+16 chains x G = 8, 40 iterations at 1e-4; `config` changes it as above), its loop the worked task's
+(`labkit.studies.reasoning.worked_task`: the static sampler, each prompt scored once, responses in
+buckets), and its evaluation the test profile every chapter 11 run ends with (200 chains x 8 draws,
+the same chains and seeds as its base's, in the run's manifest and profile.json.gz).
 Workers: `concurrent.futures.ProcessPoolExecutor` on this machine, or a Dask distributed
 scheduler at ADDRESS (`dask-scheduler` and `dask-worker` started elsewhere), whose workers see the
 same repository at the same path.  Results (scoring phase): runs/<preset>/sweep/results.json for
@@ -46,9 +52,12 @@ from ..grpo.variants import Variant, needs_learned_verifier
 DEFAULT_FILE = REPO_ROOT / "sweeps" / "chapter9.json"
 RESULTS_FILE = "results.json"
 STARTS = ("warm_start", "base", "format_base")  # steps whose finished model a run may start from
+TASKS = ("protocol", "worked")  # what a sweep file's runs learn (its top-level "task"; default "protocol")
+WORKED_START = "rare_2"  # a worked run's thinking base when it names none (chapter 11's reference run's)
 # The preset's numbers a sweep file may change, per run or for the whole file: the budget (prompts per
 # iteration, G, iterations, learning rate), the clip, the KL coefficient and the run's seed.
-CONFIG_KEYS = ("prompts_per_iteration", "G", "grpo_iterations", "grpo_lr", "clip_eps", "kl_coef", "seed")
+CONFIG_KEYS = ("prompts_per_iteration", "G", "grpo_iterations", "grpo_lr", "clip_eps", "kl_coef", "seed",
+               "logprob_check_tol")
 SAMPLERS = ("reference", "fast")
 MAX_SEED = 2**62
 POOL_SIZE = 872  # the GRPO pool's problems (labkit.grpo.core.load_pool): an iteration draws at most all of them
@@ -112,10 +121,16 @@ def _read_file(path: Path) -> dict:
     runs = spec.get("runs") if isinstance(spec, dict) else None
     if not isinstance(runs, list) or not runs:
         raise ValueError(f"{path}: expected a top-level 'runs' list of {{'name', 'options'}}")
-    unknown = sorted(set(spec) - {"runs", "config", "sampler", "shared_prompts", "folder", "about", "compress_results"})
+    unknown = sorted(set(spec) - {"runs", "config", "sampler", "shared_prompts", "folder", "about", "compress_results",
+                                  "task"})
     if unknown:
         raise ValueError(f"{path}: unknown top-level key(s) {unknown}; expected 'runs' and optionally 'config', "
-                         "'sampler', 'shared_prompts', 'folder', 'compress_results' and 'about'")
+                         "'sampler', 'shared_prompts', 'folder', 'compress_results', 'task' and 'about'")
+    if spec.get("task", "protocol") not in TASKS:
+        raise ValueError(f"{path}: task {spec['task']!r}: expected one of {TASKS}")
+    if spec.get("task") == "worked" and ("sampler" in spec or "shared_prompts" in spec):
+        raise ValueError(f"{path}: a worked sweep's runs sample and score as chapter 11's (the static sampler, each "
+                         "prompt once): leave out 'sampler' and 'shared_prompts'")
     if not isinstance(spec.get("compress_results", False), bool):
         raise ValueError(f"{path}: compress_results {spec['compress_results']!r}: expected true or false")
     folder = spec.get("folder", "")
@@ -126,6 +141,18 @@ def _read_file(path: Path) -> dict:
 
 def _read_spec(path: Path) -> list[dict]:
     return _read_file(path)["runs"]
+
+
+def load_task(path: str | Path) -> str:
+    """What a sweep file's runs learn: "protocol" (the default) or "worked" (chapter 11's task)."""
+    return _read_file(Path(path)).get("task", "protocol")
+
+
+def starts_of(task: str) -> tuple[str, ...]:
+    """What a run of `task` may start from: a finished step (the protocol's) or a thinking base (worked)."""
+    from . import thinking_base
+
+    return thinking_base.BASES if task == "worked" else STARTS
 
 
 def _checked_config(path: Path, where: str, config) -> dict:
@@ -214,8 +241,9 @@ def load_runs(path: str | Path, preset: str = "tiny") -> list[tuple[str, Variant
         if unknown:
             raise ValueError(f"{path}: run {k} has unknown key(s) {unknown}; expected 'name', 'options' "
                              "and optionally 'start' and 'config'")
-        if entry.get("start", "warm_start") not in STARTS:
-            raise ValueError(f"{path}: run {k} start {entry['start']!r}: expected one of {STARTS}")
+        task = load_task(path)
+        if entry.get("start", WORKED_START if task == "worked" else "warm_start") not in starts_of(task):
+            raise ValueError(f"{path}: run {k} start {entry['start']!r}: expected one of {starts_of(task)}")
         name = entry.get("name", "")
         if not name or not all(c.isalnum() or c in "_-" for c in name) or name in seen:
             raise ValueError(f"{path}: run {k} name {name!r} must be unique, letters, digits, '_' or '-'")
@@ -235,8 +263,10 @@ def load_runs(path: str | Path, preset: str = "tiny") -> list[tuple[str, Variant
 
 
 def load_starts(path: str | Path) -> dict[str, str]:
-    """{name: start step} of a sweep file's runs ("warm_start" where a run names none)."""
-    return {entry["name"]: entry.get("start", "warm_start") for entry in _read_spec(Path(path))}
+    """{name: start} of a sweep file's runs: a step ("warm_start" where a run names none) or, in a worked
+    sweep, a thinking base (WORKED_START where a run names none)."""
+    default = WORKED_START if load_task(path) == "worked" else "warm_start"
+    return {entry["name"]: entry.get("start", default) for entry in _read_spec(Path(path))}
 
 
 def start_model(preset: str, start: str) -> Path:
@@ -260,19 +290,32 @@ def fingerprint(spec: dict, code: str | None = None) -> str:
     return _named_by(spec, {"code": code or code_digest(), "data_sha256": data_digests(DATA_FILES)})
 
 
+def base_config(spec: dict):
+    """The preset config a run's overrides apply to: the preset's, or chapter 11's budget for a worked run."""
+    from ..config import ReasoningConfig, get_preset
+
+    if spec.get("task") == "worked":
+        import dataclasses
+
+        from . import reasoning
+
+        return dataclasses.replace(reasoning.preset_config(ReasoningConfig()), G=ReasoningConfig().G)
+    return get_preset(spec["preset"])
+
+
 def _named_by(spec: dict, code_and_data: dict) -> str:
     """12 hex digits of the run's identity: its settings, start and proxy, and `code_and_data` (how the code
     and data that made it are named: today's fingerprint, or the byte digests of `legacy_fingerprint`)."""
-    from ..config import get_preset
-
-    config = get_preset(spec["preset"]).with_overrides(**spec.get("config_overrides", {}))
+    config = base_config(spec).with_overrides(**spec.get("config_overrides", {}))
     identity = {"config": config.to_dict(), "variant": spec["options"], "G": spec["G"],
                 "iterations": spec["iterations"], "sampler": spec["sampler"],
                 "start_sha256": sha256_file(spec["start_file"]), **code_and_data,
                 # only where a file asks for it, so that chapter 9's runs keep the fingerprints they had
                 **({"shared_prompts": True} if spec.get("shared_prompts") else {}),
                 # the proxy a learned-reward run optimises makes its numbers too
-                **({"reward_model_sha256": spec["reward_model_sha256"]} if "reward_model_sha256" in spec else {})}
+                **({"reward_model_sha256": spec["reward_model_sha256"]} if "reward_model_sha256" in spec else {}),
+                # a worked run (only where a file asks for it, as above)
+                **({"task": "worked"} if spec.get("task") == "worked" else {})}
     return hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()[:12]
 
 
@@ -344,6 +387,12 @@ def run_one(spec: dict) -> dict:
     folder = Path(spec["folder"])
     began = time.perf_counter()
     trained = False
+    if spec.get("task") == "worked":
+        if not RunFolder(folder).is_finished():
+            _train_worked(spec)
+            trained = True
+        return {"name": spec["name"], "folder": str(folder), "trained": trained, "evaluated": trained,
+                "seconds": time.perf_counter() - began}
     if not RunFolder(folder).is_finished():
         config = get_preset(spec["preset"]).with_overrides(**spec.get("config_overrides", {}))
         variant = Variant.from_dict(spec["options"])
@@ -361,11 +410,31 @@ def run_one(spec: dict) -> dict:
             "seconds": time.perf_counter() - began}
 
 
+def _train_worked(spec: dict) -> dict:
+    """A worked run (chapter 11's task) by the lab's one GRPO loop; its finish writes the test profile."""
+    import dataclasses
+
+    from ..config import ReasoningConfig
+    from ..grpo import loop
+    from ..models import shared_prompt
+    from . import reasoning
+
+    config = base_config(spec).with_overrides(**spec.get("config_overrides", {}))
+    cfg = dataclasses.replace(ReasoningConfig(), prompts_per_iteration=config.prompts_per_iteration, G=spec["G"],
+                              iterations=spec["iterations"], lr=config.grpo_lr)
+    run = reasoning.ReasoningRun(spec["name"], spec["start"])
+    return loop.run_grpo(config.with_overrides(grpo_iterations=spec["iterations"]), spec["folder"], G=spec["G"],
+                         iterations=spec["iterations"], start_file=spec["start_file"], sampler=spec["sampler"],
+                         progress=False, restart=True, variant=Variant.from_dict(spec["options"]),
+                         shared_prompts=True, task=reasoning.worked_task(run, cfg),
+                         bucket_tokens=shared_prompt.BUCKET_TOKENS)
+
+
 def plan(preset: str, runs: list[tuple[str, Variant]], *, root: str | Path | None = None,
          iterations: int | None = None, start_file: str | Path | None = None, sampler: str = "reference",
          config_overrides: dict | None = None, eval_limit: int | None = None, evaluate: bool = True,
          threads: int = 1, starts: dict[str, str] | None = None,
-         settings: dict[str, dict] | None = None) -> list[dict]:
+         settings: dict[str, dict] | None = None, task: str = "protocol") -> list[dict]:
     """The specs of the sweep's runs, each with its fingerprinted folder.
 
     settings: {name: {"config", "sampler", "shared_prompts"}} from `load_settings`: a run's budget
@@ -373,17 +442,30 @@ def plan(preset: str, runs: list[tuple[str, Variant]], *, root: str | Path | Non
     sampler and its scoring; where a run has none, the arguments' values.
     iterations: each run's budget (default: the preset's grpo_iterations, the protocol's 100)
     start_file: one model every run starts from (tests); else each run's step in `starts`
-    (`load_starts`; default "warm_start"), checked finished."""
+    (`load_starts`; default "warm_start"), checked finished.
+    task: "worked" plans chapter 11's runs (`load_task`): each starts from its thinking base (checked finished),
+    with chapter 11's budget, sampler and scoring, and is evaluated by its own finish (its test profile)."""
     from . import reward_model
     from ..config import get_preset
 
-    config = get_preset(preset)
+    if task not in TASKS:
+        raise ValueError(f"task {task!r}: expected one of {TASKS}")
+    worked = task == "worked"
+    config = base_config({"preset": preset, "task": task})
     iterations = config.grpo_iterations if iterations is None else iterations
     root = Path(root) if root is not None else preset_folder(preset, "sweep")
     specs, restamped = [], _restamped(root)  # read once: every run of the file looks it up
     for name, variant in runs:
-        start_step = "given" if start_file is not None else (starts or {}).get(name, "warm_start")
-        start = Path(start_file) if start_file is not None else start_model(preset, start_step)
+        if worked and needs_learned_verifier(variant):
+            raise ValueError(f"run {name!r}: the learned verifier judges the protocol's answers, not worked ones")
+        if worked:
+            from . import reasoning
+
+            start_step = (starts or {}).get(name, WORKED_START)
+            start = Path(start_file) if start_file is not None else reasoning.base_model(preset, start_step)
+        else:
+            start_step = "given" if start_file is not None else (starts or {}).get(name, "warm_start")
+            start = Path(start_file) if start_file is not None else start_model(preset, start_step)
         own = (settings or {}).get(name, {})
         overrides = {**(config_overrides or {}), **own.get("config", {})}
         run_g = overrides.pop("G", config.G)
@@ -394,6 +476,10 @@ def plan(preset: str, runs: list[tuple[str, Variant]], *, root: str | Path | Non
                 "threads": threads, "start": start_step}
         if own.get("shared_prompts"):
             spec["shared_prompts"] = True
+        if worked:
+            from . import reasoning
+
+            spec.update(task="worked", sampler=reasoning.SAMPLER, shared_prompts=True, evaluate=False)
         if needs_learned_verifier(variant):
             spec["reward_model_sha256"] = sha256_file(reward_model.model_file(preset))
         named = f"{name}-{fingerprint(spec)}"
@@ -555,10 +641,28 @@ def curves_of(history: list[dict]) -> dict:
     return curves
 
 
+WORKED_CURVE_KEYS = ("think_rate", "accuracy", "mean_tokens", "optimised_reward", "kl", "entropy", "grad_norm")
+"""what a worked run keeps per iteration in the results file"""
+
+
 def collect_results(specs: list[dict], out: str | Path | None = None) -> dict:
-    """Scoring phase: every run's evaluation (Wilson intervals, ID50/OOD100/ALL) and its curves."""
+    """Scoring phase: every run's evaluation (Wilson intervals, ID50/OOD100/ALL) and its curves; a worked run's
+    curves and its test profile's summary (the profile's rows stay in the run's profile.json.gz)."""
     from ..eval import evaluate
 
+    if specs and all(s.get("task") == "worked" for s in specs):
+        results = {"format": "labkit sweep results v1", "task": "worked", "runs": {}}
+        for spec in specs:
+            folder = Path(spec["folder"])
+            history = read_checked_json(folder / "history.json")
+            results["runs"][spec["name"]] = {
+                "folder": folder.name, "options": spec["options"], "start": spec["start"],
+                "config": {"G": spec["G"], "iterations": spec["iterations"], **spec.get("config_overrides", {})},
+                "curves": {key: [h[key] for h in history] for key in WORKED_CURVE_KEYS},
+                "test_profile": RunFolder(folder).manifest()["test_profile"]}
+        if out is not None:
+            write_results(out, results)
+        return results
     labels = evaluate.load_test_labels(phase=evaluate.SCORING_PHASE)
     results = {"format": "labkit sweep results v1", "runs": {}}
     # A run whose history.json is not kept (the ablations commit only their partner's) keeps the curves

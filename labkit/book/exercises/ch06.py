@@ -306,8 +306,10 @@ def check_ch06_grpo_loss(grpo_loss, batch: dict | None = None) -> bool:
     logp_cur = _ch06_sampled_logp(logits_cur, b["response_ids"])
     config = get_preset("tiny").with_overrides(clip_eps=b["clip_eps"], kl_coef=b["kl_coef"])
     logp_ref = _ch06_sampled_logp(b["logits_ref"], b["response_ids"])
-    expected, _ = core.grpo_loss(logp_cur, logits_cur, (logp_ref, b["logits_ref"]), b["mask"], b["logp_old"],
-                                      b["advantages"], b["G"], config, variants.resolve(variants.Variant(), config))
+    expected, _ = core.grpo_loss(variants.LossBatch(logp=logp_cur, logits=logits_cur, logp_ref=logp_ref,
+                                                    logits_ref=b["logits_ref"], mask=b["mask"], measure_mask=b["mask"],
+                                                    G=b["G"], logp_old=b["logp_old"], advantages=b["advantages"]),
+                                 variants.resolve(variants.Variant(), config))
     (expected_grad,) = torch.autograd.grad(expected, logits_cur, retain_graph=True)  # logp_cur is reused
     rows = len(b["rows"])
     where = f"{CH06_LOSS_SIGNATURE} on iteration {b['rows'][0]['iteration']}'s {rows} real rollouts"
