@@ -14,7 +14,6 @@ from typing import Callable
 from .runs import RunFolderError
 
 
-
 class CommandFailed(RuntimeError):
     """A step's command or a worker's run failed, and the message already says which and why (the failed
     command printed its own error above; a worker's error is quoted): a traceback of the caller adds nothing."""
