@@ -45,10 +45,11 @@ SMOKE = "tests/test_smoke.py"
 # The unit passes hand out files in conftest.py's order, slowest first (with --no-loadscope-reorder; xdist
 # would sort them by their number of tests), so that both workers end together (210 -> 178 s).  They do
 # not load nbval's plugin (its nbformat and jsonschema imports cost 2 s in each of a pass's three
-# processes); the portable pass names its files, so that pytest imports only those.  The first unit pass
-# runs three workers on the two cores: a quarter of its two workers' time was idle (its tests wait on the
-# processes they start and kill), and a third worker fills it (262 -> 237 s on 2026-12-04, peak 3.3 -> 3.8 GiB).
-UNIT_WORKERS = "3"
+# processes); the portable pass names its files, so that pytest imports only those.  Two workers: alone, with
+# two or three workers, the first unit pass keeps both cores 98% busy, and a third worker only adds its own
+# collection (20 s) and imports and crowds the caches (2026-12-06, quiet machine: 256 s with three, 214 s
+# with two; `make test` 472 s against 554 s).
+UNIT_WORKERS = "2"
 # The tests marked `slow` (fault injection and a Dask cluster, 20 s or more each) are left out: `make test-slow`
 # runs them, and CI runs it after `make test`.
 # The files that take longest, named first: pytest-xdist hands whole files to the workers in the order
@@ -125,6 +126,17 @@ def tree_rss(root: int, tree: dict[int, list[int]]) -> int:
     return total
 
 
+def phase_env(extra: dict) -> dict:
+    """The environment of a phase: this one plus `extra`, with bytecode caches allowed.  The phases start
+    hundreds of Python processes (pytest workers, the runs the tests start, one kernel per notebook and
+    pass): with PYTHONDONTWRITEBYTECODE set (as some shells and CI images do) each would compile the
+    lab's modules again, and each pytest worker would rewrite every test module's asserts (6 s a worker).
+    The caches go to __pycache__ folders, which git ignores."""
+    env = {**os.environ, **extra}
+    env.pop("PYTHONDONTWRITEBYTECODE", None)
+    return env
+
+
 def run_group(group, interval: float = 0.5) -> list[dict]:
     """Start the group's phases together, sample their memory until all end; one result per phase."""
     LOGS.mkdir(parents=True, exist_ok=True)
@@ -132,8 +144,7 @@ def run_group(group, interval: float = 0.5) -> list[dict]:
     for name, command, extra in group:
         log = open(LOGS / f"{name.replace(', ', '-').replace(' ', '-')}.log", "w")
         start = time.perf_counter()
-        process = subprocess.Popen(command, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT,
-                                   env={**os.environ, **extra})
+        process = subprocess.Popen(command, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, env=phase_env(extra))
         running.append(dict(name=name, process=process, log=log, start=start, peak=0, seconds=None))
     group_peak = 0
     while any(r["seconds"] is None for r in running):

@@ -60,6 +60,7 @@ def test_sft_killed_mid_epoch_and_during_a_state_write_resumes_to_the_continuous
                                        "states/epoch-2.pt.gz", "states/epoch-3.pt.gz"]
 
 
+@pytest.mark.slow  # 38 s in `make test`'s unit phase (9 s alone): `make test-slow`
 def test_sft_refuses_a_state_whose_bytes_differ_from_its_ledger(tmp_path, launch):
     folder = tmp_path / "run"
     launch(folder, "--stop-after-epochs", "1", cli=SFT_CLI).finish()
@@ -72,6 +73,7 @@ def test_sft_refuses_a_state_whose_bytes_differ_from_its_ledger(tmp_path, launch
     assert output.strip().startswith(f"error: {path} has SHA-256"), output
 
 
+@pytest.mark.slow  # 41 s in `make test`'s unit phase (11 s alone): `make test-slow`
 def test_ctrl_c_in_sft_says_which_state_to_resume_from(tmp_path, launch):
     import re
     import signal
