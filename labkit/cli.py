@@ -203,6 +203,17 @@ def cmd_grpo(args: argparse.Namespace) -> int:
         if value < (0 if name == "checkpoint_every" else 1):
             raise ValueError(f"--{name.replace('_', '-')} {value}: must be at least "
                              f"{0 if name == 'checkpoint_every' else 1}")
+    # run_grpo checks these too, by its parameters' names; here the refusal names the options a user typed
+    total = config.grpo_iterations if args.iterations is None else args.iterations
+    if total < 1:
+        raise ValueError(f"--iterations {total}: must be at least 1")
+    if args.G is not None and args.G < 2:
+        raise ValueError(f"--group-size {args.G}: a group needs at least 2 responses (its advantages compare them)")
+    if args.stop_after is not None and not 1 <= args.stop_after <= total:
+        raise ValueError(f"--stop-after {args.stop_after}: must lie in 1..{total} (the run's iterations, --iterations)")
+    if any(k > total for k in stop_at):
+        raise ValueError(f"--save-states-at {args.save_states_at}: each must lie in 1..{total} (the run's iterations, "
+                         "--iterations)")
     out = loop.run_grpo(
         config.with_overrides(**curves) if curves else config, args.run_dir, G=args.G, iterations=args.iterations,
         stop_after=args.stop_after, save_states_at=stop_at, resume_from=args.resume_from, sampler=args.sampler,

@@ -12,11 +12,13 @@ GRPO_RUN = REPO_ROOT / "runs" / "tiny" / "grpo"
 
 
 @pytest.mark.parametrize("argv, message", [
-    (["grpo", "--iterations", "0", "--stop-after", "0"], "iterations 0: must be at least 1"),
-    (["grpo", "--iterations", "-3"], "iterations -3: must be at least 1"),
-    (["grpo", "--group-size", "0"], "G 0: a group needs at least 2 responses"),
-    (["grpo", "--group-size", "-2"], "G -2: a group needs at least 2 responses"),
-    (["grpo", "--iterations", "5", "--stop-after", "9"], "stop_after 9: must lie in 1..5"),
+    (["grpo", "--iterations", "0", "--stop-after", "0"], "--iterations 0: must be at least 1"),
+    (["grpo", "--iterations", "-3"], "--iterations -3: must be at least 1"),
+    (["grpo", "--group-size", "0"], "--group-size 0: a group needs at least 2 responses"),
+    (["grpo", "--group-size", "-2"], "--group-size -2: a group needs at least 2 responses"),
+    (["grpo", "--iterations", "5", "--stop-after", "9"], "--stop-after 9: must lie in 1..5 (the run's iterations"),
+    (["grpo", "--stop-after", "0"], "--stop-after 0: must lie in 1..100 (the run's iterations, --iterations)"),
+    (["grpo", "--iterations", "4", "--save-states-at", "2,9"], "--save-states-at 2,9: each must lie in 1..4"),
     (["grpo", "--threads", "0"], "--threads 0: must be at least 1"),
     (["warm-start", "--validation-limit", "-5"], "--validation-limit -5: must be at least 1"),
     (["pretrain", "--preset", "nosuch"], "only the tiny preset is pretrained"),
@@ -32,7 +34,7 @@ def test_bad_options_are_refused_in_one_line(tmp_path, capsys, argv, message):
     assert cli.main(argv) == 2
     err = capsys.readouterr().err
     assert message in err and "Traceback" not in err and len(err.strip().splitlines()) == 1
-    assert not (tmp_path / "run" / "rollouts.jsonl.gz").exists()
+    assert not (tmp_path / "run").exists()  # refused before any folder is made
 
 
 def test_a_finished_run_is_refused_even_through_a_missing_folder(capsys):
