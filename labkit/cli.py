@@ -214,6 +214,10 @@ def cmd_grpo(args: argparse.Namespace) -> int:
     if any(k > total for k in stop_at):
         raise ValueError(f"--save-states-at {args.save_states_at}: each must lie in 1..{total} (the run's iterations, "
                          "--iterations)")
+    run_dir = args.run_dir or loop.default_run_dir(config.name, config.G if args.G is None else args.G)
+    if args.resume and not Path(run_dir).is_dir():  # refused before run_grpo makes the folder and its parents
+        raise FileNotFoundError(f"--resume: {run_dir} does not exist: no earlier attempt to resume "
+                                "(leave out --resume to start a run there)")
     out = loop.run_grpo(
         config.with_overrides(**curves) if curves else config, args.run_dir, G=args.G, iterations=args.iterations,
         stop_after=args.stop_after, save_states_at=stop_at, resume_from=args.resume_from, sampler=args.sampler,

@@ -37,6 +37,15 @@ def test_bad_options_are_refused_in_one_line(tmp_path, capsys, argv, message):
     assert not (tmp_path / "run").exists()  # refused before any folder is made
 
 
+def test_resume_into_a_missing_folder_is_refused_and_makes_no_folder(tmp_path, capsys):
+    folder = tmp_path / "a" / "b" / "run"
+    assert cli.main(["grpo", "--iterations", "2", "--resume", "--run-dir", str(folder)]) == 2
+    err = capsys.readouterr().err
+    assert err.strip() == (f"error: --resume: {folder} does not exist: no earlier attempt to resume (leave out "
+                           "--resume to start a run there)"), err
+    assert list(tmp_path.iterdir()) == []  # neither the folder nor its parents
+
+
 def test_a_finished_run_is_refused_even_through_a_missing_folder(capsys):
     before = {p.name: sha256_file(p) for p in GRPO_RUN.iterdir() if p.is_file()}
     assert cli.main(["grpo", "--run-dir", str(GRPO_RUN / "states" / ".."), "--iterations", "1"]) == 2
