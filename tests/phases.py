@@ -47,8 +47,8 @@ SMOKE = "tests/test_smoke.py"
 # not load nbval's plugin (its nbformat and jsonschema imports cost 2 s in each of a pass's three
 # processes); the portable pass names its files, so that pytest imports only those.  Two workers: alone, with
 # two or three workers, the first unit pass keeps both cores 98% busy, and a third worker only adds its own
-# collection (20 s) and imports and crowds the caches (2026-12-06, quiet machine: 256 s with three, 214 s
-# with two; `make test` 472 s against 554 s).
+# collection (20 s of CPU) and imports and crowds the caches (alone on a quiet machine, 2026-12-06: 256 s
+# with three workers, 214 s with two).
 UNIT_WORKERS = "2"
 # The tests marked `slow` (fault injection and a Dask cluster, 20 s or more each) are left out: `make test-slow`
 # runs them, and CI runs it after `make test`.
