@@ -119,6 +119,13 @@ def cmd_sft(args: argparse.Namespace) -> int:
         torch.set_num_threads(args.threads)  # results are recorded with the thread count
     branch = getattr(args, "branch_fixed", None) or args.branch
     check_learning_data()
+    if args.stop_after_epochs is not None:  # run_branch checks it too, by its parameter's name
+        from .config import get_preset
+
+        epochs = sft.make_plan(get_preset(args.preset), branch).epochs
+        if not 1 <= args.stop_after_epochs < epochs:
+            raise ValueError(f"--stop-after-epochs {args.stop_after_epochs}: must lie in 1..{epochs - 1} ({branch} "
+                             f"runs {epochs} epochs; the last one always finishes the run)")
     try:
         manifest = sft.run_branch(
             args.preset, branch, args.run_dir, stop_after_epochs=args.stop_after_epochs, resume_from=args.resume_from,
@@ -479,6 +486,17 @@ def cmd_live(args: argparse.Namespace) -> int:
     the committed run's (labkit.live)."""
     from . import live
 
+    # live.py checks these too, by its parameters' names (a notebook calls it with them); here the
+    # refusal names the options
+    from .config import TINY, ReasoningConfig
+
+    most = TINY.grpo_iterations if args.what == "grpo" else ReasoningConfig().iterations  # the committed runs'
+    if args.iterations is not None and not 1 <= args.iterations <= most:
+        raise ValueError(f"--iterations {args.iterations}: must lie in 1..{most} (the committed run's iterations)")
+    if args.G is not None and args.G < 2:
+        raise ValueError(f"--group-size {args.G}: a group needs at least 2 responses")
+    if args.beta is not None and not args.beta >= 0:
+        raise ValueError(f"--beta {args.beta}: a KL weight must be at least 0")
     if args.what == "grpo":
         if args.base or args.G or args.beta is not None:
             raise ValueError("--base, --group-size and --beta are chapter 11's: `python -m labkit live reasoning`")

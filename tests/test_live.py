@@ -47,8 +47,8 @@ def test_live_refuses_iterations_outside_the_committed_run(tmp_path, capsys, ite
             live.live_grpo(True, run_dir=tmp_path / "x")
         return
     assert cli.main(["live", "grpo", "--iterations", str(iterations), "--run-dir", str(tmp_path / "x")]) == 2
-    assert capsys.readouterr().err.strip() == f"error: iterations {iterations}: must be an integer in 1..100 " \
-                                               "(the committed run's)"
+    assert capsys.readouterr().err.strip() == f"error: --iterations {iterations}: must lie in 1..100 " \
+                                               "(the committed run's iterations)"
     assert not (tmp_path / "x").exists()
 
 
@@ -61,10 +61,20 @@ def test_chapter_11s_options_are_refused_for_the_protocols_live_run(tmp_path, ca
 
 @pytest.mark.parametrize("argv, message", [
     (["--base", "rare_5"], "base 'rare_5': chapter 11's outcome runs start from rare_0, rare_2, rare_10, control"),
-    (["--iterations", "41"], "iterations 41: must be an integer in 1..40 (the committed runs')"),
-    (["--group-size", "1"], "G 1, beta 0.02: a group needs G >= 2, and beta is a KL weight >= 0"),
+    (["--iterations", "41"], "--iterations 41: must lie in 1..40 (the committed run's iterations)"),
+    (["--group-size", "1"], "--group-size 1: a group needs at least 2 responses"),
 ])
 def test_chapter_11s_live_run_refuses_bad_settings_in_one_line(tmp_path, capsys, argv, message):
     assert cli.main(["live", "reasoning", *argv, "--run-dir", str(tmp_path / "x")]) == 2
     assert capsys.readouterr().err.strip() == f"error: {message}"
     assert not (tmp_path / "x").exists()
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    ({"iterations": 41}, "iterations 41: must be an integer in 1..40 (the committed runs')"),
+    ({"iterations": 2, "G": 1}, "G 1, beta 0.02: a group needs G >= 2, and beta is a KL weight >= 0"),
+])
+def test_a_notebooks_bad_live_settings_are_refused_by_their_parameter_names(tmp_path, kwargs, message):
+    with pytest.raises(ValueError) as refused:
+        live.live_reasoning(kwargs.pop("iterations"), run_dir=tmp_path / "x", **kwargs)
+    assert str(refused.value) == message and not (tmp_path / "x").exists()
