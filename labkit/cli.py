@@ -59,15 +59,13 @@ def cmd_pretrain(args: argparse.Namespace) -> int:
     from .models.presets import TINY_BASE_DIR
     from .train.pretrain import PretrainConfig, pretrain
 
-    if args.preset != "tiny":
-        print(f"--preset {args.preset!r}: only the tiny preset is pretrained by the lab (the qwen preset uses "
-              "Qwen2.5-0.5B-Instruct's published weights, see book/instructor.md)", file=sys.stderr)
-        return 2
+    if args.preset != "tiny":  # refused as every command refuses: `error: ...`, exit 2 (lab.errors)
+        raise ValueError(f"--preset {args.preset!r}: only the tiny preset is pretrained by the lab (the qwen preset "
+                         "uses Qwen2.5-0.5B-Instruct's published weights, see book/instructor.md)")
     for name in ("steps", "answer_steps", "threads"):
         value = getattr(args, name)
         if value is not None and value < 1:
-            print(f"--{name.replace('_', '-')} {value}: must be at least 1", file=sys.stderr)
-            return 2
+            raise ValueError(f"--{name.replace('_', '-')} {value}: must be at least 1")
     cfg = PretrainConfig()
     overrides = {k: v for k, v in (("steps", args.steps), ("seed", args.seed), ("threads", args.threads)) if v is not None}
     if args.answer_steps is not None:
