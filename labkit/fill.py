@@ -35,8 +35,10 @@ MODEL_FILE = thinking_base.MODEL_FILE  # reasoning's is the same name (tested)
 THREADS = 1  # the steps' workers run one torch thread each, and a model's bits depend on it
 
 
-def needed(step: str, names: tuple[str, ...] | None) -> list[tuple[str, str]]:
-    """[(step, run)] to fill for `names` of `step` (default: all of its runs), start models first."""
+def needed(step: str, names: tuple[str, ...] | None,
+           present: Callable[[str, str], bool] = lambda kind, name: False) -> list[tuple[str, str]]:
+    """[(step, run)] to fill for `names` of `step` (default: all of its runs), start models first.  A run whose
+    model is `present(step, run)` needs no start model: rare_2's committed weights spare a skill rebuild."""
     if step not in FILLABLE:
         raise ValueError(f"cache fill: step {step!r} keeps no model to fill; the steps that do: {', '.join(FILLABLE)}")
     cfg = thinking_base.ThinkingBaseConfig()
@@ -49,17 +51,22 @@ def needed(step: str, names: tuple[str, ...] | None) -> list[tuple[str, str]]:
     def add(kind: str, name: str) -> None:
         if (kind, name) in out:
             return
-        if kind == "thinking":
-            start = cfg.phase(name).start
-            if start != "committed":
-                add("thinking", start)
-        else:
-            add("thinking", reasoning.get_run(name).base)
+        if not present(kind, name):  # built again: from its start model, filled first
+            if kind == "reasoning":
+                add("thinking", reasoning.get_run(name).base)
+            elif cfg.phase(name).start != "committed":
+                add("thinking", cfg.phase(name).start)
         out.append((kind, name))
 
     for name in names or every:
         add(step, name)
     return out
+
+
+def run_dir(kind: str, preset: str, name: str) -> Path:
+    """The folder of run `name` of step `kind` ("thinking" or "reasoning")."""
+    return Path(thinking_base.default_run_dir(preset, name) if kind == "thinking"
+                else reasoning.default_run_dir(preset, name))
 
 
 def fill(step: str, preset: str = "tiny", names: tuple[str, ...] | None = None, progress: bool = True) -> list[tuple[str, str]]:
@@ -70,14 +77,12 @@ def fill(step: str, preset: str = "tiny", names: tuple[str, ...] | None = None, 
         raise ValueError(f"--preset {preset!r}: chapter 11's runs are the tiny preset's")
     torch.set_num_threads(THREADS)  # as the steps build them (`run_all`'s workers): the same sums, the same bits
     out = []
-    for kind, name in needed(step, names):
+    for kind, name in needed(step, names, lambda kind, name: (run_dir(kind, preset, name) / MODEL_FILE).is_file()):
         if kind == "thinking":
-            folder = thinking_base.default_run_dir(preset, name)
             build = lambda name=name: thinking_base.build_base(name, preset, progress=progress)  # noqa: E731
         else:
-            folder = reasoning.default_run_dir(preset, name)
             build = lambda name=name: reasoning.train(name, preset, progress=progress)  # noqa: E731
-        status = fill_run(Path(folder), build, preset_folder(preset, "fill"), progress)
+        status = fill_run(run_dir(kind, preset, name), build, preset_folder(preset, "fill"), progress)
         out.append((f"{kind}/{name}", status))
         if status.startswith("differs"):
             break  # what is built from it could not match either

@@ -79,6 +79,12 @@ def test_start_models_are_filled_first_and_unknown_runs_refused():
     assert fill.needed("thinking", ("rare_2",)) == [("thinking", "skill"), ("thinking", "rare_2")]
     assert fill.needed("reasoning", ("from_rare_2",)) == [("thinking", "skill"), ("thinking", "rare_2"),
                                                           ("reasoning", "from_rare_2")]
+    # a run whose model is here needs no start model: rare_2's committed weights spare the skill base
+    here = {("thinking", "rare_2")}
+    assert fill.needed("reasoning", ("from_rare_2",), lambda *run: run in here) == [("thinking", "rare_2"),
+                                                                                  ("reasoning", "from_rare_2")]
+    assert fill.needed("thinking", ("rare_2", "rare_10"), lambda *run: run in here) == [
+        ("thinking", "rare_2"), ("thinking", "skill"), ("thinking", "rare_10")]
     with pytest.raises(ValueError, match="rare_3 is not a run of thinking"):
         fill.needed("thinking", ("rare_3",))
     with pytest.raises(ValueError, match="step 'grpo' keeps no model to fill"):
