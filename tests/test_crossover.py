@@ -31,6 +31,22 @@ def test_curves_cross_where_the_base_reaches_the_run():
     assert crossover.crossing(b, [1.0] * 4, ks) is None
 
 
+def test_the_run_against_its_base_is_paired_chain_by_chain_with_holm_over_k():
+    # three chains of 4 draws; the run is better on each at k = 1, and the base catches up by k = 4
+    base = [{"k": 1, "index": i, "n": 4, "right": c} for i, c in enumerate([1, 1, 2])]
+    run = [{"k": 1, "index": i, "n": 4, "right": c} for i, c in reversed(list(enumerate([4, 3, 4])))]
+    rows = crossover.compare(base, run, [1, 4])
+    one, four = rows
+    # pass@1 = c / 4 per chain: differences 3/4, 2/4, 2/4
+    assert (one["base"], one["run"]) == (pytest.approx(4 / 12), pytest.approx(11 / 12))
+    assert one["difference"] == pytest.approx(7 / 12) and one["interval"][0] > 0
+    assert one["p"] == 0.25 and one["method"] == "exact"  # 3 positive flips of 8: the two extreme ones of 2^3
+    assert four["difference"] == 0.0 and four["p"] == 1.0  # pass@4 = 1 wherever a chain was right once
+    assert [r["p_holm"] for r in rows] == [0.5, 1.0]  # Holm: 2 x 0.25, then max(0.5, 1 x 1.0)
+    with pytest.raises(ValueError, match="the same chains"):
+        crossover.compare(base, run[:2], [1])
+
+
 def test_a_small_count_on_rare_2_is_kept_checked_and_not_counted_again(tmp_path):
     out = tmp_path / "crossover"
     counted = crossover.run(policies=("rare_2",), draws=3, chains_per_k=1, out=out, progress=False)

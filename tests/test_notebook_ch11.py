@@ -61,3 +61,8 @@ def test_the_figures_take_plain_data():
     assert [line.get_ydata().tolist() for line in think.lines] == [[0.1, 0.0], [0.9, 0.5]]
     # after RL, the thinking answers' accuracy at both k, the direct ones' only where there were any
     assert right.lines[2].get_ydata().tolist() == [0.6, 0.4] and right.lines[3].get_xdata().tolist() == [2]
+    fig = plots_reasoning.plot_crossover({"skill": [0.5, 0.9], "rare_2": [0.1, 0.3], "from_rare_2": [0.6, 0.7]},
+                                         [1, 2], (("rare_2", "from_rare_2"), ("rare_10", "from_rare_10")))
+    # each pair in its colour, the base dashed; a policy of no pair (the skill base) dotted, last
+    assert [(line.get_label(), line.get_linestyle()) for line in fig.axes[0].lines] == [
+        ("rare_2", "--"), ("from_rare_2", "-"), ("skill", ":")]

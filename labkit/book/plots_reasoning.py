@@ -1,5 +1,6 @@
-"""Chapter 11's figures: the think rate and the response length over iterations (the R1-Zero figure), and
-the per-k profile before and after RL.  Each function takes plain data and returns a new figure."""
+"""Chapter 11's figures: the think rate and the response length over iterations (the R1-Zero figure), the
+per-k profile before and after RL, and pass@k up to large k (the crossover).  Each function takes plain
+data and returns a new figure."""
 
 from __future__ import annotations
 
@@ -91,3 +92,30 @@ def plot_sweep_family(family: str, keys: tuple[str, ...] = ("think_rate", "accur
         reasoning_sweep.histories(reasoning_sweep.SEEDS, preset),
         reasoning_sweep.histories(reasoning_sweep.FAMILIES[family], preset),
         f"Chapter 11's regime, {family}: each run against the reference's three seeds (grey band)", keys=keys)
+
+
+def plot_crossover(curves: dict[str, list[float]], ks: list[int], pairs: tuple[tuple[str, str], ...]):
+    """pass@k against k (log scale), one colour per base: the base dashed, the RL run from it solid; any
+    other policy (the skill base) dotted grey.  Where the dashed line reaches the solid one, the base has
+    caught up.
+
+    curves: {policy: mean pass@k for each k of `ks`} (`crossover.curve`)."""
+    fig, ax = plt.subplots(figsize=(6.4, 3.6))
+    paired = set()
+    for (base, run), colour in zip(pairs, ("tab:blue", "tab:orange", "tab:green")):
+        for name, style in ((base, "--"), (run, "-")):
+            if name in curves:
+                ax.plot(ks, curves[name], style, marker="o", ms=3, color=colour, label=name)
+                paired.add(name)
+    for name in curves:
+        if name not in paired:
+            ax.plot(ks, curves[name], ":", marker="s", ms=3, color="grey", label=name)
+    ax.set_xscale("log", base=2)
+    ax.set_xticks(ks, [str(k) for k in ks])
+    ax.set_ylim(-0.02, 1.02)
+    ax.set_xlabel("k (tries per chain)")
+    ax.set_ylabel("pass@k")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8, loc="lower right")
+    fig.tight_layout()
+    return fig

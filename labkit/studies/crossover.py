@@ -65,6 +65,36 @@ def crossing(a: list[float], b: list[float], ks: list[int]) -> int | None:
     return next((k for k, x, y in zip(ks, a, b) if x >= y), None)
 
 
+PAIRS = (("rare_2", "from_rare_2"), ("rare_10", "from_rare_10"))
+"""(base, the RL run from it): the pairs compared chain by chain"""
+
+
+def compare(base: list[dict], run: list[dict], ks: list[int]) -> list[dict]:
+    """The run's pass@k against the base's, chain by chain, for each k of `ks` (one family: Holm).
+
+    base, run: per-chain counts of the same chains ({"k", "index", "n", "right"}, every n the same).
+    For each k, each chain's pass@k (`evaluate.pass_at_k`) of the run minus the base's is one paired
+    difference; returns per k {"k", "base", "run" (mean pass@k), "difference" (their mean), "interval"
+    (95% t), "p" and "method" (the sign-flip permutation test, `paired.permutation_p`), "p_holm"}."""
+    from ..eval import paired
+
+    key = lambda r: (r["k"], r["index"])  # noqa: E731
+    by_chain = {key(r): r for r in base}
+    if sorted(by_chain) != sorted(key(r) for r in run) or len(by_chain) != len(base):
+        raise ValueError("compare needs the same chains, once each, in the base's counts and the run's")
+    out = []
+    for k in ks:
+        a = [evaluate.pass_at_k(by_chain[key(r)]["n"], by_chain[key(r)]["right"], k) for r in run]
+        b = [evaluate.pass_at_k(r["n"], r["right"], k) for r in run]
+        d = [y - x for x, y in zip(a, b)]
+        p, method = paired.permutation_p(d)
+        out.append({"k": k, "base": curve(base, [k])[0], "run": curve(run, [k])[0], "difference": sum(d) / len(d),
+                    "interval": paired.mean_interval(d), "p": p, "method": method})
+    for row, adjusted in zip(out, paired.holm([row["p"] for row in out])):
+        row["p_holm"] = adjusted
+    return out
+
+
 def model_file(preset: str, policy: str) -> Path:
     """The policy's model file from its finished folder, checked against its manifest."""
     from . import reasoning
