@@ -549,14 +549,30 @@ def cmd_crossover(args: argparse.Namespace) -> int:
 
     from .studies import crossover
 
-    torch.set_num_threads(args.threads)
     policies = tuple(args.policies.split(",")) if args.policies else tuple(crossover.POLICIES)
+    if args.fill:  # the models are not committed: rebuilt and checked against their manifests first
+        from . import fill
+
+        for step, kind in (("thinking", "base"), ("reasoning", "run")):
+            names = tuple(crossover.POLICIES[p][1] for p in policies if crossover.POLICIES.get(p, ("",))[0] == kind)
+            for run, status in fill.fill(step, args.preset, names, progress=not args.no_progress) if names else ():
+                print(f"cache fill {run}: {status}", flush=True)
+                if status.startswith("differs"):
+                    raise ValueError(f"crossover --fill: {run}'s rebuilt model is not the committed run's on this "
+                                     f"CPU, so its pass@k would not be that run's; count on the machine that built it")
+    torch.set_num_threads(args.threads)
     counted = crossover.run(args.preset, policies=policies, draws=args.draws, chains_per_k=args.chains_per_k,
                             out=args.run_dir, overwrite=args.overwrite, progress=not args.no_progress)
     ks = crossover.powers_of_two(args.draws)
     print(f"{'policy':<13}" + "".join(f"{'pass@' + str(k):>10}" for k in ks))
     for policy, rows in counted.items():
         print(f"{policy:<13}" + "".join(f"{x:>10.1%}" for x in crossover.curve(rows, ks)))
+    for base, run in crossover.PAIRS:
+        if base in counted and run in counted:
+            print(f"{run} - {base}, chain by chain (points; Holm-adjusted p over the k):")
+            for row in crossover.compare(counted[base], counted[run], ks):
+                print(f"  pass@{row['k']:<4} {100 * row['difference']:+6.1f}  "
+                      f"[{100 * row['interval'][0]:+.1f}, {100 * row['interval'][1]:+.1f}]  p_holm {row['p_holm']:.2g}")
     return 0
 
 
@@ -1005,6 +1021,8 @@ def _add_crossover_command(sub) -> None:
     p.add_argument("--run-dir", type=Path, default=None, help="output folder (default: runs/<preset>/crossover)")
     p.add_argument("--threads", type=int, default=1, help="torch CPU threads (default: 1)")
     p.add_argument("--overwrite", action="store_true", help="count a finished study again (normally refused)")
+    p.add_argument("--fill", action="store_true", help="first rebuild the policies' models that are not here "
+                                                        "(`cache fill`: each kept only if it is the file its manifest records)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.set_defaults(func=cmd_crossover)
 
