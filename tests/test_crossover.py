@@ -54,6 +54,13 @@ def test_a_small_count_on_rare_2_is_kept_checked_and_not_counted_again(tmp_path)
     assert [(r["k"], r["index"], r["n"]) for r in rows] == [(k, 0, 3) for k in range(1, 9)]
     assert all(0 <= r["right"] <= 3 and 0 <= r["thinks"] <= 3 for r in rows)
     assert RunFolder(out).is_finished() and crossover.read(out=out) == counted
+    # rare_2's model is committed: the counts came from the very model, and its folder's test profile
+    where = crossover.provenance(crossover.read_files(out=out))["rare_2"]
+    assert where["same_model"] and where["same_profile"] and where["model_sha256"] == where["committed_model_sha256"]
+    edited = {**crossover.read_files(out=out)["rare_2"], "model_sha256": "0" * 64, "profile_digest": "1" * 64}
+    assert crossover.provenance({"rare_2": edited})["rare_2"] == {
+        "model_sha256": "0" * 64, "committed_model_sha256": where["committed_model_sha256"], "same_model": False,
+        "same_profile": False}
     assert json.loads((out / "counts-rare_2.json").read_text())["chains"] == rows
     # a finished study is refused without overwrite; the same draws give the same counts
     with pytest.raises(Exception, match="finished"):

@@ -15,18 +15,27 @@ Policies: the thinking bases rare_2, rare_10 and skill, and chapter 11's runs fr
 (`POLICIES`).  Each model is read from its finished folder, checked against its manifest: the bases'
 and the runs' weights are not committed (`python -m labkit cache fill` rebuilds them).
 
-Files: `counts-<policy>.json` (per chain: k, index, n, right, thinks), written whole as each policy
-finishes, so that a rerun skips the policies already done; `manifest.json`, FINISHED.
+Which model was counted: a model rebuilt on another CPU than the one that built the committed run can
+differ in the last bits of its weights (its updates round differently) and still answer every test
+chain as the committed run does.  Each counts file records the SHA-256 of the model counted and a digest
+of the test profile of the folder it came from (`profile_digest`: the rows of its profile.json.gz,
+1,600 answers for a run); `provenance` compares both with the committed run's, so a reader sees
+whether the very model was counted, or a rebuild whose test answers are the committed run's, one by one.
+
+Files: `counts-<policy>.json` (per chain: k, index, n, right, thinks; the model's SHA-256 and profile
+digest), written whole as each policy finishes, so that a rerun skips the policies already done;
+`manifest.json`, FINISHED.
 """
 
 from __future__ import annotations
 
+import gzip
 import json
 import time
 from pathlib import Path
 
 from ..eval import evaluate
-from ..lab.runs import RunFolder, atomic_write_text, preset_folder, write_json
+from ..lab.runs import RunFolder, atomic_write_text, preset_folder, sha256_bytes, sha256_file, write_json
 from ..lab.runtime import code_digests, environment, hashed_seed
 from ..lab.skeleton import holding
 from ..task import worked
@@ -95,13 +104,41 @@ def compare(base: list[dict], run: list[dict], ks: list[int]) -> list[dict]:
     return out
 
 
-def model_file(preset: str, policy: str) -> Path:
-    """The policy's model file from its finished folder, checked against its manifest."""
+def policy_folder(preset: str, policy: str) -> RunFolder:
+    """The finished folder of a policy: its thinking base's or its reasoning run's."""
     from . import reasoning
 
     kind, name = POLICIES[policy]
-    folder = RunFolder(thinking_base.default_run_dir(preset, name) if kind == "base"
-                       else reasoning.default_run_dir(preset, name))
+    return RunFolder(thinking_base.default_run_dir(preset, name) if kind == "base"
+                     else reasoning.default_run_dir(preset, name))
+
+
+def profile_digest(folder: RunFolder) -> str:
+    """SHA-256 of the test-profile rows of a finished base or run (checked against its manifest), as canonical
+    JSON: two folders whose models gave the same answers to every test draw have the same digest."""
+    folder.check_file("profile.json.gz")
+    rows = json.loads(gzip.decompress((folder / "profile.json.gz").read_bytes()))["rows"]
+    return sha256_bytes(json.dumps(rows, sort_keys=True).encode())
+
+
+def provenance(counted_files: dict[str, dict], preset: str = "tiny") -> dict[str, dict]:
+    """{policy: {"model_sha256", "committed_model_sha256", "same_model", "same_profile"}}: whether each policy's
+    counts came from the committed run's very model, and else whether from a rebuild whose test answers are
+    the committed run's (its profile digest).  counted_files: {policy: its counts file's content}."""
+    out = {}
+    for policy, counted in counted_files.items():
+        folder = policy_folder(preset, policy)
+        committed = folder.manifest()["ledger"]["files"]["model.safetensors"]["sha256"]
+        out[policy] = {"model_sha256": counted["model_sha256"], "committed_model_sha256": committed,
+                       "same_model": counted["model_sha256"] == committed,
+                       "same_profile": counted["profile_digest"] == profile_digest(folder)}
+    return out
+
+
+def model_file(preset: str, policy: str) -> Path:
+    """The policy's model file from its finished folder, checked against its manifest."""
+    kind, name = POLICIES[policy]
+    folder = policy_folder(preset, policy)
     folder.manifest()  # refuses a folder that is missing, unfinished or damaged
     path = folder / "model.safetensors"
     if not path.is_file():
@@ -164,16 +201,19 @@ def run(preset: str = "tiny", *, policies: tuple[str, ...] = tuple(POLICIES), dr
             name = f"counts-{policy}.json"
             if (folder / name).is_file() and not overwrite:  # counted by an earlier call (interrupted after it)
                 kept = json.loads((folder / name).read_text())
-                if kept["draws"] == draws and kept["chains_per_k"] == chains_per_k:
+                if kept["draws"] == draws and kept["chains_per_k"] == chains_per_k and "model_sha256" in kept:
                     counted[policy] = kept["chains"]
                     continue
-            model, tokenizer = presets.load("tiny", state=model_file(preset, policy), device="cpu")
+            path = model_file(preset, policy)
+            model, tokenizer = presets.load("tiny", state=path, device="cpu")
             model.eval()
             bar = tqdm(total=sum(len(c) for c in chains.values()), desc=policy, unit="chain", disable=not progress)
             with torch.no_grad():
                 counted[policy] = count_policy(model, tokenizer, chains, draws, bar)
             bar.close()
             atomic_write_text(folder / name, json.dumps({"policy": policy, "draws": draws, "chains_per_k": chains_per_k,
+                                                         "model_sha256": sha256_file(path),
+                                                         "profile_digest": profile_digest(policy_folder(preset, policy)),
                                                          "chains": counted[policy]}, sort_keys=True, indent=1))
         for policy in policies:
             folder.register(f"counts-{policy}.json")
@@ -185,13 +225,17 @@ def run(preset: str = "tiny", *, policies: tuple[str, ...] = tuple(POLICIES), dr
     return counted
 
 
-def read(preset: str = "tiny", out: str | Path | None = None) -> dict[str, list[dict]]:
-    """{policy: per-chain counts} of the finished study (in `out`, default the preset's), each file checked
-    against its manifest."""
+def read_files(preset: str = "tiny", out: str | Path | None = None) -> dict[str, dict]:
+    """{policy: its counts file's content} of the finished study (in `out`, default the preset's), each file
+    checked against its manifest."""
     folder = RunFolder(out or default_run_dir(preset))
-    manifest = folder.manifest()
-    out = {}
-    for policy in manifest["policies"]:
+    files = {}
+    for policy in folder.manifest()["policies"]:
         folder.check_file(f"counts-{policy}.json")
-        out[policy] = json.loads((folder / f"counts-{policy}.json").read_text())["chains"]
-    return out
+        files[policy] = json.loads((folder / f"counts-{policy}.json").read_text())
+    return files
+
+
+def read(preset: str = "tiny", out: str | Path | None = None) -> dict[str, list[dict]]:
+    """{policy: per-chain counts} of the finished study (`read_files`)."""
+    return {policy: counted["chains"] for policy, counted in read_files(preset, out).items()}
