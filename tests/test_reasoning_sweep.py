@@ -16,7 +16,9 @@ def test_group_signal_reads_the_history_first_worked_iteration_and_share_with_si
 def test_every_run_of_the_sweep_file_is_in_one_family_and_the_partner_in_none():
     planned = [s["name"] for s in reasoning_sweep.specs()]
     in_families = [n for names in reasoning_sweep.FAMILIES.values() for n in names]
+    in_families += [n for names in reasoning_sweep.BASE_SEEDS.values() for n in names]
     assert sorted(in_families + [reasoning_sweep.PARTNER]) == sorted(planned)
+    assert set(reasoning_sweep.CHANGES) == set(in_families)
     assert len(set(in_families)) == len(in_families)
 
 
@@ -130,3 +132,14 @@ def test_the_detail_pages_table_has_a_row_per_finished_run_and_names_the_missing
     assert ("| `worked_no_baseline` | no baseline (A = r) | 64.5% | 45.2% | -26.5 (< 0.001) | -13.3 (< 0.001) | 0.136 "
             "| 0.193 | worked, right |") in lines
     assert lines[-1] == "Not trained yet: `worked_beta_0`."
+
+
+def test_the_bases_seeds_start_with_chapter_11s_run_and_list_the_sweeps_missing_ones():
+    found = reasoning_sweep.base_seeds()
+    assert list(found) == ["rare_0", "control"]
+    for base, entry in found.items():
+        seed_1 = entry["runs"][0]
+        assert seed_1["name"] == f"from_{base}"
+        # chapter 11's finding, read from the committed run: no response of the run ever worked it out
+        assert seed_1["peak_think_rate"] == 0.0 and seed_1["first_worked_iteration"] is None
+        assert [r["name"] for r in entry["runs"][1:]] + entry["missing"] == list(reasoning_sweep.BASE_SEEDS[base])

@@ -85,6 +85,33 @@ def summary(folder: Path, rows: list[dict] | None = None) -> dict:
             "signal_share_mean": sum(signal["signal_share"]) / len(signal["signal_share"])}
 
 
+BASE_SEEDS = {"rare_0": ("worked_from_rare_0_seed_2", "worked_from_rare_0_seed_3"),
+              "control": ("worked_from_control_seed_2", "worked_from_control_seed_3")}
+"""chapter 11's runs from rare_0 and from the control (`reasoning`'s from_rare_0 and from_control, training seed
+1) at training seeds 2 and 3: whether GRPO finds working from a base that never shows it, at any seed"""
+
+
+def base_seeds(preset: str = "tiny", sweep_file: str | Path = SWEEP_FILE) -> dict[str, dict]:
+    """{base: {"runs": [row per finished seed], "missing": [names]}} for the bases of `BASE_SEEDS`: seed 1 is
+    chapter 11's run from the base, seeds 2 and 3 the sweep's.  A row: {"name", "think_rate", "accuracy" (its
+    test profile), "peak_think_rate" (the highest share of an iteration's responses that worked it out),
+    "first_worked_iteration"}."""
+    from . import reasoning
+
+    folders = finished_folders(preset, sweep_file)
+    out = {}
+    for base, names in BASE_SEEDS.items():
+        runs = {f"from_{base}": Path(reasoning.default_run_dir(preset, f"from_{base}"))}
+        runs.update({name: folders[name] for name in names if name in folders})
+        rows = []
+        for name, folder in runs.items():
+            s = summary(folder)
+            rows.append({"name": name, "think_rate": s["think_rate"], "accuracy": s["accuracy"],
+                         "peak_think_rate": max(s["think_rate_curve"]), "first_worked_iteration": s["first_worked_iteration"]})
+        out[base] = {"runs": rows, "missing": [n for n in names if n not in folders]}
+    return out
+
+
 SEEDS = (PARTNER, "worked_grpo_seed_2", "worked_grpo_seed_3")
 """the reference run at its three training seeds: a piece's effect is measured against each of them"""
 BEYOND_SEEDS_ALPHA = 0.01
@@ -201,6 +228,9 @@ def one_winner_advantages(G: int = 8, names: tuple[str, ...] = (PARTNER, *FAMILI
 
 CHANGES = {
     "worked_grpo_seed_2": "the reference at training seed 2", "worked_grpo_seed_3": "the reference at training seed 3",
+    "worked_from_rare_0_seed_2": "from rare_0 at training seed 2", "worked_from_rare_0_seed_3": "from rare_0 at training seed 3",
+    "worked_from_control_seed_2": "from the control at training seed 2",
+    "worked_from_control_seed_3": "from the control at training seed 3",
     "worked_mean_only": "no std (A = r - mean)", "worked_no_baseline": "no baseline (A = r)",
     "worked_rloo": "leave-one-out baseline (RLOO)", "worked_positive_only": "positive advantages only",
     "worked_negative_only": "negative advantages only", "worked_split_64x2": "G = 2 (64 chains)",
