@@ -6,7 +6,7 @@ from math import comb
 import pytest
 
 from labkit.eval import evaluate
-from labkit.studies import crossover
+from labkit.studies import crossover, thinking_base
 from labkit.lab.runs import RunFolder
 
 
@@ -58,9 +58,12 @@ def test_a_small_count_on_rare_2_is_kept_checked_and_not_counted_again(tmp_path)
     where = crossover.provenance(crossover.read_files(out=out))["rare_2"]
     assert where["same_model"] and where["same_profile"] and where["model_sha256"] == where["committed_model_sha256"]
     edited = {**crossover.read_files(out=out)["rare_2"], "model_sha256": "0" * 64, "profile_digest": "1" * 64}
+    rare_2 = crossover.profile_summary(thinking_base.read_profile("rare_2")["rows"])
+    assert where["committed_profile"] == where["counted_profile"] == rare_2
+    assert rare_2 == {"think_rate": 10 / 1600, "accuracy": 24 / 1600}  # chapter 11: rare_2 thinks in 0.6%, right in 1.5%
     assert crossover.provenance({"rare_2": edited})["rare_2"] == {
         "model_sha256": "0" * 64, "committed_model_sha256": where["committed_model_sha256"], "same_model": False,
-        "same_profile": False}
+        "same_profile": False, "committed_profile": rare_2, "counted_profile": rare_2}
     assert json.loads((out / "counts-rare_2.json").read_text())["chains"] == rows
     # a finished study is refused without overwrite; the same draws give the same counts
     with pytest.raises(Exception, match="finished"):

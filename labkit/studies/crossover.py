@@ -113,25 +113,40 @@ def policy_folder(preset: str, policy: str) -> RunFolder:
                      else reasoning.default_run_dir(preset, name))
 
 
-def profile_digest(folder: RunFolder) -> str:
-    """SHA-256 of the test-profile rows of a finished base or run (checked against its manifest), as canonical
-    JSON: two folders whose models gave the same answers to every test draw have the same digest."""
+def profile_rows(folder: RunFolder) -> list[dict]:
+    """The test-profile rows of a finished base or run, checked against its manifest."""
     folder.check_file("profile.json.gz")
-    rows = json.loads(gzip.decompress((folder / "profile.json.gz").read_bytes()))["rows"]
-    return sha256_bytes(json.dumps(rows, sort_keys=True).encode())
+    return json.loads(gzip.decompress((folder / "profile.json.gz").read_bytes()))["rows"]
+
+
+def profile_digest(folder: RunFolder) -> str:
+    """SHA-256 of the test-profile rows of a finished base or run, as canonical JSON: two folders whose models
+    gave the same answers to every test draw have the same digest."""
+    return sha256_bytes(json.dumps(profile_rows(folder), sort_keys=True).encode())
+
+
+def profile_summary(rows: list[dict]) -> dict:
+    """{"think_rate", "accuracy"} of test-profile rows: the shares of draws that work it out and that are right."""
+    return {"think_rate": sum(bool(r["thinks"]) for r in rows) / len(rows),
+            "accuracy": sum(r["reward"] for r in rows) / len(rows)}
 
 
 def provenance(counted_files: dict[str, dict], preset: str = "tiny") -> dict[str, dict]:
-    """{policy: {"model_sha256", "committed_model_sha256", "same_model", "same_profile"}}: whether each policy's
-    counts came from the committed run's very model, and else whether from a rebuild whose test answers are
-    the committed run's (its profile digest).  counted_files: {policy: its counts file's content}."""
+    """{policy: {"model_sha256", "committed_model_sha256", "same_model", "same_profile", "committed_profile",
+    "counted_profile"}}: whether each policy's counts came from the committed run's very model, else whether
+    from a rebuild whose test answers are the committed run's (its profile digest); the profiles' summaries
+    (`profile_summary`) of the committed folder and of the one counted (None where its counts file predates
+    the field: only where the answers are the committed ones).  counted_files: {policy: its counts file}."""
     out = {}
     for policy, counted in counted_files.items():
         folder = policy_folder(preset, policy)
         committed = folder.manifest()["ledger"]["files"]["model.safetensors"]["sha256"]
+        same_profile = counted["profile_digest"] == profile_digest(folder)
+        mine = profile_summary(profile_rows(folder))
         out[policy] = {"model_sha256": counted["model_sha256"], "committed_model_sha256": committed,
-                       "same_model": counted["model_sha256"] == committed,
-                       "same_profile": counted["profile_digest"] == profile_digest(folder)}
+                       "same_model": counted["model_sha256"] == committed, "same_profile": same_profile,
+                       "committed_profile": mine,
+                       "counted_profile": counted.get("profile_summary", mine if same_profile else None)}
     return out
 
 
@@ -214,6 +229,8 @@ def run(preset: str = "tiny", *, policies: tuple[str, ...] = tuple(POLICIES), dr
             atomic_write_text(folder / name, json.dumps({"policy": policy, "draws": draws, "chains_per_k": chains_per_k,
                                                          "model_sha256": sha256_file(path),
                                                          "profile_digest": profile_digest(policy_folder(preset, policy)),
+                                                         "profile_summary": profile_summary(
+                                                             profile_rows(policy_folder(preset, policy))),
                                                          "chains": counted[policy]}, sort_keys=True, indent=1))
         for policy in policies:
             folder.register(f"counts-{policy}.json")
