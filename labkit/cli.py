@@ -559,7 +559,9 @@ def cmd_crossover(args: argparse.Namespace) -> int:
                 print(f"cache fill {run}: {status}", flush=True)
                 if status.startswith("differs"):
                     raise ValueError(f"crossover --fill: {run}'s rebuilt model is not the committed run's on this "
-                                     f"CPU, so its pass@k would not be that run's; count on the machine that built it")
+                                     f"CPU, so its pass@k would not be that run's: count on the machine that built it, "
+                                     f"or rebuild the runs whole in a scratch clone (thinking-bases / reasoning --only) "
+                                     f"and count there (each counts file records which model it counted)")
     torch.set_num_threads(args.threads)
     counted = crossover.run(args.preset, policies=policies, draws=args.draws, chains_per_k=args.chains_per_k,
                             out=args.run_dir, overwrite=args.overwrite, progress=not args.no_progress)

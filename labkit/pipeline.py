@@ -19,6 +19,7 @@
     thinking             python -m labkit thinking-bases           thinking/       (tiny only, chapter 11)
     reasoning            python -m labkit reasoning                reasoning/      (tiny only, chapter 11)
     skill_test           python -m labkit skill-test               skill_test/     (tiny only, chapter 11)
+    crossover            python -m labkit crossover --fill         crossover/      (tiny only, chapter 11)
 
 A step whose output is finished is skipped (finished runs are evidence and are
 never overwritten); with `rebuild_stale`, a step that `labkit.lab.cache` finds stale
@@ -61,6 +62,7 @@ def _done(preset: str, step: str) -> bool:
         "overoptimisation": lambda: overoptimisation.is_built(preset),
         "gradient_study": lambda: is_finished(root / "gradient_study"),
         "skill_test": lambda: is_finished(root / "skill_test"),
+        "crossover": lambda: is_finished(root / "crossover"),
         "thinking": lambda: thinking_base.is_built(preset),
         "reasoning": lambda: reasoning.is_built(preset),
         "format_base": lambda: is_finished(root / "format_base") and is_finished(root / "format_base" / "evaluation"
@@ -99,6 +101,8 @@ def _commands(preset: str, device: str | None, threads: int | None) -> list[tupl
         steps.append(("thinking", ["thinking-bases", "--preset", preset, "--workers", "2", "--no-progress", "--resume"]))
         steps.append(("reasoning", ["reasoning", "--preset", preset, "--workers", "2", "--no-progress", "--resume"]))
         steps.append(("skill_test", ["skill-test", "--preset", preset]))
+        # --fill: the policies' models are not committed (on a clone, `cache fill` rebuilds and checks them)
+        steps.append(("crossover", ["crossover", "--preset", preset, "--fill", "--no-progress"]))
     return steps
 
 
@@ -107,7 +111,8 @@ CACHE_STEP = {"base": "base", "warm_start": "warm_start", "sft": "sft", "grpo": 
               "evaluation": "evaluation", "group_size": "group_size", "reward_model": "reward_model",
               "format_base": "format_base", "grpo_large": "grpo_large",
               "overoptimisation": "overoptimisation", "gradient_study": "gradient_study",
-              "thinking": "thinking", "reasoning": "reasoning", "skill_test": "skill_test"}
+              "thinking": "thinking", "reasoning": "reasoning", "skill_test": "skill_test",
+              "crossover": "crossover"}
 
 
 def move_stale_aside(preset: str, only: tuple[str, ...] | None = None) -> list[tuple[str, Path]]:

@@ -89,6 +89,10 @@ STEPS = (
     # chapter 11: skill or propensity, the working started for each base
     CacheStep("skill_test", "skill_test", ("labkit.studies.skill_test:run",), (TOKENIZER,),
          tuple(f"thinking/{name}/manifest.json" for name in ("skill", "rare_0", "rare_2", "control"))),
+    # chapter 11: pass@k up to k = 256 of the bases and of the runs from them (their models: `cache fill`)
+    CacheStep("crossover", "crossover", ("labkit.studies.crossover:run",), (TOKENIZER,),
+         tuple(f"thinking/{name}/manifest.json" for name in ("skill", "rare_2", "rare_10"))
+         + tuple(f"reasoning/{name}/manifest.json" for name in ("from_rare_2", "from_rare_10"))),
 )
 STEP_NAMES = tuple(s.name for s in STEPS)
 

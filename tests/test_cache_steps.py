@@ -14,7 +14,7 @@ def _verdicts(stale: set[str]) -> dict:
 
 @pytest.mark.parametrize("stale, expected", [
     ({"base"}, ["base", "warm_start", "sft", "grpo", "evaluation", "group_size", "reward_model", "format_base",
-                "grpo_large", "overoptimisation", "gradient_study", "thinking", "reasoning", "skill_test"]),
+                "grpo_large", "overoptimisation", "gradient_study", "thinking", "reasoning", "skill_test", "crossover"]),
     ({"warm_start"}, ["warm_start", "sft", "grpo", "evaluation", "group_size", "reward_model", "grpo_large",
                       "overoptimisation", "gradient_study"]),
     ({"grpo_large"}, ["grpo_large"]),
@@ -26,8 +26,9 @@ def _verdicts(stale: set[str]) -> dict:
     ({"evaluation"}, ["evaluation", "group_size"]),
     ({"group_size"}, ["group_size"]),
     ({"gradient_study"}, ["gradient_study"]),
-    ({"thinking"}, ["thinking", "reasoning", "skill_test"]),
-    ({"reasoning"}, ["reasoning"]),
+    ({"thinking"}, ["thinking", "reasoning", "skill_test", "crossover"]),
+    ({"reasoning"}, ["reasoning", "crossover"]),
+    ({"crossover"}, ["crossover"]),
     (set(), []),
 ])
 def test_a_rebuilt_step_takes_everything_downstream_with_it(stale, expected):

@@ -185,11 +185,12 @@ def test_a_function_added_to_every_module_changes_nothing(edited_copy, tmp_path)
     # chapters 2-3's study alone runs it
     ("studies/gradient_study.py", "def batch_gradients(", None, {"gradient_study"}, ["gradient_study"]),
     # the thinking bases' builder: chapter 11's GRPO runs and its skill test are built from its outputs
-    ("studies/thinking_base.py", "def run_all(", None, {"thinking"}, ["thinking", "reasoning", "skill_test"]),
+    ("studies/thinking_base.py", "def run_all(", None, {"thinking"}, ["thinking", "reasoning", "skill_test", "crossover"]),
     # the clipped surrogate: every step that trains with GRPO, and what is built from them
     ("grpo/losses.py", "def clipped_surrogate(", None,
      {"grpo", "group_size", "grpo_large", "overoptimisation", "gradient_study", "reasoning"},
-     ["grpo", "evaluation", "group_size", "grpo_large", "overoptimisation", "gradient_study", "reasoning"]),
+     ["grpo", "evaluation", "group_size", "grpo_large", "overoptimisation", "gradient_study", "reasoning",
+      "crossover"]),
 ])
 def test_a_changed_statement_makes_exactly_the_steps_that_run_it_stale(edited_copy, tmp_path, module, old, new,
                                                                        stale, rebuilt):

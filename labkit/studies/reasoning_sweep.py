@@ -23,10 +23,10 @@ import json
 from pathlib import Path
 
 from ..eval import paired
-from ..lab.runs import RunFolder, read_checked_json
+from ..lab.runs import REPO_ROOT, RunFolder, read_checked_json
 from . import reasoning_report, thinking_base
 
-SWEEP_FILE = "sweeps/planned/reasoning.json"
+SWEEP_FILE = REPO_ROOT / "sweeps" / "planned" / "reasoning.json"  # wherever the caller runs (a chapter: notebooks/)
 PARTNER = "worked_grpo"
 FAMILIES = {
     "seeds": ("worked_grpo_seed_2", "worked_grpo_seed_3"),
