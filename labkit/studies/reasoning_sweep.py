@@ -23,7 +23,7 @@ import json
 from pathlib import Path
 
 from ..eval import paired
-from ..lab.runs import REPO_ROOT, RunFolder, read_checked_json
+from ..lab.runs import REPO_ROOT, RunFolder, display_path, read_checked_json
 from . import reasoning_report, thinking_base
 
 SWEEP_FILE = REPO_ROOT / "sweeps" / "planned" / "reasoning.json"  # wherever the caller runs (a chapter: notebooks/)
@@ -130,7 +130,7 @@ def table(preset: str = "tiny", sweep_file: str | Path = SWEEP_FILE) -> dict:
     left out (listed under "missing")."""
     folders = finished_folders(preset, sweep_file)
     if PARTNER not in folders:
-        raise FileNotFoundError(f"{PARTNER} is not finished: `python -m labkit sweep {sweep_file}` trains it")
+        raise FileNotFoundError(f"{PARTNER} is not finished: `python -m labkit sweep {display_path(sweep_file)}` trains it")
     base_rows = thinking_base.read_profile("rare_2", preset)["rows"]
     seed_rows = {name: profile_rows(folders[name]) for name in SEEDS if name in folders}
     out = {"base": {"think_rate": sum(bool(r["thinks"]) for r in base_rows) / len(base_rows),
