@@ -164,7 +164,7 @@ def chapter11() -> tuple[str, list[str]]:
 
 
 def reasoning_sweep_section() -> list[str]:
-    """The detail page's table of the reasoning sweep (`labkit.studies.reasoning_sweep`, chapter 11.8): each run
+    """The detail page's table of the reasoning sweep (`labkit.studies.reasoning_sweep`, issue 56): each run
     of GRPO from rare_2 with one piece changed, its think rate and share right (the base's before), its paired
     differences from the reference with Holm p within its family, KL and entropy at its last iteration, and
     whether its setting moved it beyond the reference's three training seeds."""
@@ -182,7 +182,7 @@ def reasoning_sweep_section() -> list[str]:
         p = t[f"{what}_p_holm"]
         return f"{100 * t[f'{what}_difference']:+.1f} ({'< 0.001' if p < 1e-3 else f'{p:.2g}'})"
 
-    out = ["", "### Why each piece is there, where RL works (chapter 11.8)", "",
+    out = ["", "### Why each piece is there, where RL works (issue 56's reasoning sweep)", "",
            f"GRPO from the thinking base rare_2 (worked answers {_pct(base['think_rate'])}, right "
            f"{_pct(base['accuracy'])} before RL) with one piece changed per run, each on the same chains, prompt order "
            "and seeds as the reference `worked_grpo` and measured on the same 200 test chains x 8 draws; differences "
