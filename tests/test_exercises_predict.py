@@ -38,16 +38,18 @@ def test_a_prediction_that_cannot_be_compared_names_the_slip(prediction, kwargs,
 
 @pytest.mark.parametrize("reveal, wrong", [("reveal_identity", "half"), ("reveal_baseline", "group mean!"),
                                            ("reveal_clip", "Better"), ("reveal_leash", 0.5), ("reveal_seeds", "1.5"),
-                                           ("reveal_separable", 4), ("reveal_split", 30), ("reveal_rare_zero", None)])
+                                           ("reveal_separable", 4), ("reveal_split", 30), ("reveal_rare_zero", None),
+                                           ("reveal_where_rl_works", "Worse")])
 def test_a_mistyped_or_empty_prediction_is_refused_before_anything_is_shown(capsys, reveal, wrong):
     """Issue 57: a mistyped choice used to print the whole answer before its error."""
     from labkit.book import exercises
 
     function = getattr(exercises, reveal)
+    more = ("advantage",) if reveal == "reveal_where_rl_works" else ()  # its chapter's family
     with pytest.raises(exercises.ExerciseError, match="prediction"):
         exercises.require_prediction_for(wrong, function)  # the prediction cell's own check
     with pytest.raises(exercises.ExerciseError, match="prediction"):
-        function(wrong)
+        function(wrong, *more)
     assert capsys.readouterr().out == ""  # nothing of the answer was printed
 
 
@@ -56,3 +58,27 @@ def test_every_reveal_says_what_it_expects():
 
     reveals = {name for name in dir(reveal) if name.startswith("reveal_")}
     assert set(reveal.EXPECTED) == reveals
+
+
+def _row(think_d, think_beyond, right_d=0.0, right_beyond=False):
+    return {"think_beyond_seeds": think_beyond, "accuracy_beyond_seeds": right_beyond,
+            "against": {"worked_grpo": {"think_difference": think_d, "accuracy_difference": right_d}}}
+
+
+@pytest.mark.parametrize("row, what, expected", [
+    (_row(-0.30, True), "think", "worse"), (_row(+0.05, True), "think", "better"),
+    (_row(-0.30, False), "think", "not separable"),  # a large difference that one seed matches is not the setting's
+    (_row(-0.30, True, +0.02, False), "accuracy", "not separable"), (_row(0.0, False, +0.04, True), "accuracy", "better")])
+def test_where_rl_works_counts_a_change_only_beyond_every_seed(row, what, expected):
+    from labkit.book.exercises.reveal import where_rl_works_outcome
+
+    assert where_rl_works_outcome(row, what) == expected
+
+
+def test_where_rl_works_asks_each_chapters_piece_of_a_run_the_sweep_plans():
+    from labkit.book.exercises.reveal import WHERE_RL_WORKS
+    from labkit.studies import reasoning_sweep
+
+    assert set(WHERE_RL_WORKS) == set(reasoning_sweep.FAMILIES) - {"seeds", "controls"}
+    for family, (run, what, _) in WHERE_RL_WORKS.items():
+        assert run in reasoning_sweep.FAMILIES[family] and what in ("think", "accuracy")

@@ -31,7 +31,7 @@ from .ch10 import CH10_CASES, CH10_HINTS, check_ch10_carries
 from .ch11 import CH11_CASES, CH11_HINTS, check_ch11_process_reward
 from .predict import check_prediction
 from .reveal import (RARE_ZERO_CHOICES, require_prediction_for, reveal_rare_zero, reveal_baseline, reveal_clip, reveal_identity, reveal_leash, reveal_separable, reveal_seeds,
-                     reveal_split)
+                     reveal_split, reveal_where_rl_works)
 
 __all__ = [
     "ExerciseError",
@@ -44,6 +44,7 @@ __all__ = [
     "reveal_seeds",
     "reveal_separable",
     "reveal_split",
+    "reveal_where_rl_works",
     "call_student",
     "require_function",
     "CH01_HINTS",

@@ -8,9 +8,9 @@ study), prints the measurement with its paired tests, compares the student's pre
 
 from __future__ import annotations
 
-from ...lab.runs import RunFolder
+from ...lab.runs import RunFolder, display_path
 from ...eval import paired
-from ...studies import ablations, reasoning_report, thinking_base
+from ...studies import ablations, reasoning_report, reasoning_sweep, thinking_base
 from .predict import check_prediction, require_prediction
 
 
@@ -279,6 +279,80 @@ def reveal_rare_zero(prediction, preset: str = "tiny") -> dict:
 
 
 
+WHERE_RL_WORKS_CHOICES = ("better", "worse", "not separable")
+WHERE_RL_WORKS = {
+    "advantage": ("worked_mean_only", "think", "without the std (A = r - mean)"),
+    "reuse and clip": ("worked_updates_2_clip_0p99", "accuracy", "without the clip (0.99: it never binds)"),
+    "KL leash": ("worked_beta_5", "think", "with beta 5"),
+    "group size": ("worked_split_64x2", "think", "at G = 2 (64 chains, the same responses per iteration)"),
+}
+"""each chapter's question in chapter 11's regime (family: (run, "think" or "accuracy", the change in words)):
+does the run end better, worse or not separable from the reference, beyond its three training seeds?"""
+_MEASURE = {"think": ("the share of test answers that work it out", "think_rate"),
+            "accuracy": ("the share of test answers right", "accuracy")}  # what: (in words, the row's key)
+
+
+def where_rl_works_outcome(row: dict, what: str) -> str:
+    """"better" / "worse" where the run differs from every seed of the reference in one direction (Holm p below
+    reasoning_sweep.BEYOND_SEEDS_ALPHA each), else "not separable"."""
+    if not row[f"{what}_beyond_seeds"]:
+        return WHERE_RL_WORKS_CHOICES[2]
+    return WHERE_RL_WORKS_CHOICES[0] if row["against"][reasoning_sweep.PARTNER][f"{what}_difference"] > 0 else WHERE_RL_WORKS_CHOICES[1]
+
+
+def _where_rl_works_why(family: str, row: dict, result: dict, preset: str) -> str:
+    """Why the run came out as it did, in numbers from the files (one sentence per family)."""
+    partner = result["partner"]
+    if family == "advantage":
+        one = reasoning_sweep.one_winner_advantages(8, (reasoning_sweep.PARTNER, row["name"]), preset)
+        grpo, mean_only = one[reasoning_sweep.PARTNER][0], one[row["name"]][0]
+        return (f"where success is rare a group's one winner is what moves the policy.  In a group of 8 with one "
+                f"winner GRPO gives it {grpo:+.2f} (the std sqrt(p(1 - p)) is small when p = 1/8) and the mean alone "
+                f"{mean_only:+.2f}: {grpo / mean_only:.1f} times less push on the rare worked answer per update")
+    if family == "reuse and clip":
+        clipped = [h["clip_ratio/region_mean"] for h in reasoning_sweep.histories((reasoning_sweep.PARTNER,), preset)[
+            reasoning_sweep.PARTNER]]
+        return (f"the clip acts only on a batch's later updates, once the policy has moved since it sampled.  With "
+                f"2 updates a batch the reference's clip bound on at most {max(clipped):.1%} of the tokens in any "
+                f"iteration (mean {sum(clipped) / len(clipped):.2%}): there is little for it to change")
+    if family == "KL leash":
+        return (f"to work problems out the policy must move far from its base: the reference ends at an exact KL of "
+                f"{partner['kl_end']:.3f} per token; beta 5 holds its run to {row['kl_end']:.3f}, and it works it out "
+                f"in {row['think_rate']:.1%} of test answers (the reference {partner['think_rate']:.1%})")
+    if family == "group size":
+        return (f"a group has signal only when its rewards differ.  At G = 2 the groups held signal in "
+                f"{row['signal_share_mean']:.0%} of the iterations' groups on average (the reference at G = 8: "
+                f"{partner['signal_share_mean']:.0%}); the first worked answer came in iteration "
+                f"{row['first_worked_iteration']} (the reference: {partner['first_worked_iteration']})")
+    raise ValueError(f"family {family!r}: expected one of {list(WHERE_RL_WORKS)}")
+
+
+def reveal_where_rl_works(prediction, family: str, preset: str = "tiny") -> dict | None:
+    """Chapters 3, 4, 5, 8: the chapter's piece changed in chapter 11's regime (GRPO from rare_2 on worked answers):
+    does the run end better, worse or not separable from the reference, beyond its three training seeds?  Prints
+    both regimes (`reasoning_sweep.both_regimes`) first.  None (and a line saying so) while the run is not trained."""
+    require_prediction(prediction, **EXPECTED["reveal_where_rl_works"])  # refused before anything is shown
+    if family not in WHERE_RL_WORKS:
+        raise ValueError(f"family {family!r}: expected one of {list(WHERE_RL_WORKS)}")
+    name, what, change = WHERE_RL_WORKS[family]
+    result = reasoning_sweep.table(preset)
+    print(reasoning_sweep.both_regimes(family, result, preset))
+    row = next((r for r in result["families"][family] if r["name"] == name), None)
+    if row is None:
+        print(f"{name} is not trained yet: `python -m labkit sweep {display_path(reasoning_sweep.SWEEP_FILE)}` "
+              "trains it; the question waits for it.")
+        return None
+    measured = where_rl_works_outcome(row, what)
+    d = 100 * row["against"][reasoning_sweep.PARTNER][f"{what}_difference"]
+    words, key = _MEASURE[what]
+    return check_prediction(prediction, measured, **EXPECTED["reveal_where_rl_works"], why=(
+        f"{_where_rl_works_why(family, row, result, preset)}.  {words[0].upper()}{words[1:]} "
+        f"{change}: {row[key]:.1%}, {d:+.1f} points against the reference "
+        f"(training seed 1), "
+        + ("beyond all three of its seeds" if measured != WHERE_RL_WORKS_CHOICES[2] else
+           "not beyond all three of its seeds (p < 0.01 after Holm, one direction)") + "."))
+
+
 
 # What each reveal accepts as a prediction: checked before anything is measured or shown, and by the
 # prediction cell itself (`require_prediction_for`), so that a mistyped or empty prediction is refused
@@ -292,6 +366,7 @@ EXPECTED = {
     "reveal_separable": dict(choices=(0, 1, 2, 3)),
     "reveal_split": dict(share=True, low=0.0, high=1.0),
     "reveal_rare_zero": dict(choices=RARE_ZERO_CHOICES),
+    "reveal_where_rl_works": dict(choices=WHERE_RL_WORKS_CHOICES),
 }
 
 
