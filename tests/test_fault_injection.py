@@ -221,6 +221,7 @@ def reference(tmp_path_factory):
 # -- 1. kill -9 between iterations --------------------------------------------------------------------
 
 
+@pytest.mark.slow  # 14 s: `make test-slow`; make test keeps its in-process twin (test_grpo.py's killed run resumed in place)
 def test_kill_between_iterations_then_resume_in_place(tmp_path, launch, reference):
     folder = tmp_path / "run"
     first = launch(folder, "--save-states-at", EVERY_ITERATION)
@@ -411,6 +412,7 @@ def test_truncated_or_missing_rollouts_are_refused_naming_the_file(tmp_path, ref
         loop.read_rollouts(path.parent)
 
 
+@pytest.mark.slow  # 10 s: `make test-slow`; make test keeps test_grpo.py's flipped bit refused by the ledger
 def test_a_state_whose_bytes_differ_from_the_ledger_is_refused_in_one_line(tmp_path, launch, reference):
     """A flip that gzip cannot see (the header's mtime byte): the ledger's digest still refuses it."""
     folder = tmp_path / "run"
