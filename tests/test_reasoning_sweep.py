@@ -73,8 +73,8 @@ def test_the_findings_name_what_changed_beyond_the_seeds_and_what_did_not():
                          "against the seeds, Holm p <= 0.0010 each). Within the seeds: leave-one-out baseline (RLOO).")
     assert leash.startswith("KL leash. Beyond the seeds: Beta 1: right 1.6%, -56.9 points")
     assert reasoning_sweep.entropy_and_selection(result) == (
-        "Token entropy at the first iteration: 0.50 to 0.52; at the last, 0.05 to 0.05 in the 3 runs that work it "
-        "out in more than 50% of their test answers, and 0.51 to 0.51 in the 1 that do not (beta 1).")
+        "Token entropy at the first iteration: 0.50 to 0.52; at the last, 0.05 in the 3 runs that work it "
+        "out in more than 50% of their test answers, and 0.51 in the 1 that do not (beta 1).")
 
 
 def test_right_when_working_is_paired_over_the_chains_both_worked_out():
@@ -123,7 +123,8 @@ def test_the_detail_pages_table_has_a_row_per_finished_run_and_names_the_missing
 
     result = {"base": {"think_rate": 0.006, "accuracy": 0.015}, "seeds": list(reasoning_sweep.SEEDS),
               "missing": ["worked_beta_0"],
-              "partner": {"think_rate": 0.91, "accuracy": 0.585, "kl_end": 0.117, "entropy_end": 0.048},
+              "partner": {"think_rate": 0.91, "accuracy": 0.585, "kl_end": 0.117, "entropy_start": 0.52,
+                          "entropy_end": 0.048},
               "families": {"advantage": [{**_row("worked_no_baseline", 0.645, 0.452, -0.133, -0.265, p=0.0004),
                                           "kl_end": 0.136, "entropy_end": 0.193}]}}
     monkeypatch.setattr(reasoning_sweep, "table", lambda *a, **k: result)
@@ -132,6 +133,8 @@ def test_the_detail_pages_table_has_a_row_per_finished_run_and_names_the_missing
     assert ("| `worked_no_baseline` | no baseline (A = r) | 64.5% | 45.2% | -26.5 (< 0.001) | -13.3 (< 0.001) | 0.136 "
             "| 0.193 | worked, right |") in lines
     assert lines[-1] == "Not trained yet: `worked_beta_0`."
+    assert lines[-3] == ("Token entropy at the first iteration: 0.50 to 0.52; at the last, 0.05 to 0.19 in the 2 runs "
+                         "that work it out in more than 50% of their test answers.")
 
 
 def test_the_bases_seeds_start_with_chapter_11s_run_and_list_the_sweeps_missing_ones():

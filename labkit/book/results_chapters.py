@@ -201,6 +201,7 @@ def reasoning_sweep_section() -> list[str]:
             out.append(f"| `{r['name']}` | {reasoning_sweep.CHANGES.get(r['name'], family)} | {_pct(r['think_rate'])} | "
                        f"{_pct(r['accuracy'])} | {diff(r, 'think')} | {diff(r, 'accuracy')} | {r['kl_end']:.3f} | "
                        f"{r['entropy_end']:.3f} | {beyond} |")
+    out += ["", reasoning_sweep.entropy_and_selection(result)]
     if result["missing"]:
         out += ["", f"Not trained yet: {', '.join(f'`{n}`' for n in result['missing'])}."]
     return out

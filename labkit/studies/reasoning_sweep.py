@@ -284,8 +284,8 @@ def entropy_and_selection(result: dict, selected_above: float = 0.5) -> str:
               False: [r for r in rows if r["think_rate"] <= selected_above]}
 
     def span(rs):
-        values = [r["entropy_end"] for r in rs]
-        return f"{min(values):.2f} to {max(values):.2f}"
+        low, high = (f"{v:.2f}" for v in (min(r["entropy_end"] for r in rs), max(r["entropy_end"] for r in rs)))
+        return low if low == high else f"{low} to {high}"
 
     return (f"Token entropy at the first iteration: {start[0]:.2f}" + (f" to {start[-1]:.2f}" if len(start) > 1 else "")
             + f"; at the last, {span(groups[True])} in the {len(groups[True])} runs that work it out in more than "

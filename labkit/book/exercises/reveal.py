@@ -304,11 +304,13 @@ def _where_rl_works_why(family: str, row: dict, result: dict, preset: str) -> st
     """Why the run came out as it did, in numbers from the files (one sentence per family)."""
     partner = result["partner"]
     if family == "advantage":
-        one = reasoning_sweep.one_winner_advantages(8, (reasoning_sweep.PARTNER, row["name"]), preset)
+        one = reasoning_sweep.one_winner_advantages(8, preset=preset)
         grpo, mean_only = one[reasoning_sweep.PARTNER][0], one[row["name"]][0]
+        schemes = "; ".join(f"{reasoning_sweep.CHANGES.get(n, 'GRPO')} {w:+.2f} and {lose:+.2f}" for n, (w, lose) in one.items())
         return (f"where success is rare a group's one winner is what moves the policy.  In a group of 8 with one "
                 f"winner GRPO gives it {grpo:+.2f} (the std sqrt(p(1 - p)) is small when p = 1/8) and the mean alone "
-                f"{mean_only:+.2f}: {grpo / mean_only:.1f} times less push on the rare worked answer per update")
+                f"{mean_only:+.2f}: {grpo / mean_only:.1f} times less push on the rare worked answer per update (the "
+                f"winner's and each loser's advantage, scheme by scheme: {schemes})")
     if family == "reuse and clip":
         clipped = [h["clip_ratio/region_mean"] for h in reasoning_sweep.histories((reasoning_sweep.PARTNER,), preset)[
             reasoning_sweep.PARTNER]]
