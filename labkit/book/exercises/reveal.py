@@ -8,6 +8,7 @@ study), prints the measurement with its paired tests, compares the student's pre
 
 from __future__ import annotations
 
+from ...config import ReasoningConfig
 from ...lab.runs import RunFolder, display_path
 from ...eval import paired
 from ...studies import ablations, reasoning_report, reasoning_sweep, thinking_base
@@ -322,10 +323,15 @@ def _where_rl_works_why(family: str, row: dict, result: dict, preset: str) -> st
                 f"{partner['kl_end']:.3f} per token; beta 5 holds its run to {row['kl_end']:.3f}, and it works it out "
                 f"in {row['think_rate']:.1%} of test answers (the reference {partner['think_rate']:.1%})")
     if family == "group size":
-        return (f"a group has signal only when its rewards differ.  At G = 2 the groups held signal in "
-                f"{row['signal_share_mean']:.0%} of the iterations' groups on average (the reference at G = 8: "
-                f"{partner['signal_share_mean']:.0%}); the first worked answer came in iteration "
-                f"{row['first_worked_iteration']} (the reference: {partner['first_worked_iteration']})")
+        groups = {s["name"]: s["config_overrides"].get("prompts_per_iteration", ReasoningConfig.prompts_per_iteration)
+                  for s in reasoning_sweep.specs(preset) if s["name"] in (row["name"], reasoning_sweep.PARTNER)}
+        mine, theirs = (groups[n] for n in (row["name"], reasoning_sweep.PARTNER))
+        return (f"a group has signal only when its rewards differ.  At G = 2 a smaller share of the groups held "
+                f"signal, {row['signal_share_mean']:.0%} on average against {partner['signal_share_mean']:.0%} at "
+                f"G = 8, but there were {mine} groups an iteration instead of {theirs}: "
+                f"{row['signal_share_mean'] * mine:.1f} groups with signal an iteration against "
+                f"{partner['signal_share_mean'] * theirs:.1f}.  The same budget of responses holds the same rare "
+                f"winners, whichever way it is split")
     raise ValueError(f"family {family!r}: expected one of {list(WHERE_RL_WORKS)}")
 
 
@@ -352,7 +358,8 @@ def reveal_where_rl_works(prediction, family: str, preset: str = "tiny") -> dict
         f"{change}: {row[key]:.1%}, {d:+.1f} points against the reference "
         f"(training seed 1), "
         + ("beyond all three of its seeds" if measured != WHERE_RL_WORKS_CHOICES[2] else
-           "not beyond all three of its seeds (p < 0.01 after Holm, one direction)") + "."))
+           f"not beyond its seeds (a change counts only where it holds against all three, each at Holm p < "
+           f"{reasoning_sweep.BEYOND_SEEDS_ALPHA}, in one direction)") + "."))
 
 
 
