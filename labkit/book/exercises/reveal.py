@@ -310,8 +310,10 @@ def _where_rl_works_why(family: str, row: dict, result: dict, preset: str) -> st
         schemes = "; ".join(f"{reasoning_sweep.CHANGES.get(n, 'GRPO')} {w:+.2f} and {lose:+.2f}" for n, (w, lose) in one.items())
         return (f"where success is rare a group's one winner is what moves the policy.  In a group of 8 with one "
                 f"winner GRPO gives it {grpo:+.2f} (the std sqrt(p(1 - p)) is small when p = 1/8) and the mean alone "
-                f"{mean_only:+.2f}: {grpo / mean_only:.1f} times less push on the rare worked answer per update (the "
-                f"winner's and each loser's advantage, scheme by scheme: {schemes})")
+                f"{mean_only:+.2f}, {grpo / mean_only:.1f} times less (the winner's and each loser's advantage, scheme "
+                f"by scheme: {schemes}).  But the step is AdamW's, which divides each weight's step by the running "
+                f"size of that weight's own gradients, so a factor common to the whole batch cancels: the std changes "
+                f"how the groups are weighted against each other, not how far the policy steps")
     if family == "reuse and clip":
         clipped = [h["clip_ratio/region_mean"] for h in reasoning_sweep.histories((reasoning_sweep.PARTNER,), preset)[
             reasoning_sweep.PARTNER]]
