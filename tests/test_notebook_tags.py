@@ -176,7 +176,7 @@ def test_chapters_2_to_8_each_have_a_predict_then_run_exercise(path):
     for k in found:
         assert re.search(r"^prediction = ", cells[k].source, re.MULTILINE), f"{path.name} cell {k} sets no prediction"
         assert cells[k - 1].cell_type == "markdown" and "Predict, then run" in cells[k - 1].source
-        assert "reveal" in _tags(cells[k + 1]) and re.search(r"\b(reveal_\w+|check_prediction)\(prediction\)",
+        assert "reveal" in _tags(cells[k + 1]) and re.search(r"\b(reveal_\w+|check_prediction)\(prediction[,)]",
                                                             cells[k + 1].source), f"{path.name} cell {k + 1}"
         assert any("Your prediction" in o.get("text", "") for o in cells[k + 1].outputs), \
             f"{path.name} cell {k + 1}: the stored output shows no comparison"

@@ -8,7 +8,7 @@ study), prints the measurement with its paired tests, compares the student's pre
 
 from __future__ import annotations
 
-from ...config import ReasoningConfig
+from ...config import ReasoningConfig, get_preset
 from ...lab.runs import RunFolder, display_path
 from ...eval import paired
 from ...studies import ablations, reasoning_report, reasoning_sweep, thinking_base
@@ -317,12 +317,15 @@ def _where_rl_works_why(family: str, row: dict, result: dict, preset: str) -> st
     if family == "reuse and clip":
         clipped = [h["clip_ratio/region_mean"] for h in reasoning_sweep.histories((reasoning_sweep.PARTNER,), preset)[
             reasoning_sweep.PARTNER]]
-        return (f"the clip acts only on a batch's later updates, once the policy has moved since it sampled.  With "
-                f"2 updates a batch the reference's clip bound on at most {max(clipped):.1%} of the tokens in any "
-                f"iteration (mean {sum(clipped) / len(clipped):.2%}): there is little for it to change")
+        eps = get_preset(preset).clip_eps
+        return (f"the clip acts only on a batch's second update, on the tokens whose ratio has already left "
+                f"[{1 - eps:g}, {1 + eps:g}] in the direction their advantage pushes: in the reference at most {max(clipped):.1%} of "
+                f"the tokens in any iteration (mean {sum(clipped) / len(clipped):.2%}).  Those are the tokens that moved "
+                f"most; without the clip they keep their gradient, and the run ends further from its base (exact KL "
+                f"at the end {row['kl_end']:.3f} against the reference's {partner['kl_end']:.3f})")
     if family == "KL leash":
         return (f"to work problems out the policy must move far from its base: the reference ends at an exact KL of "
-                f"{partner['kl_end']:.3f} per token; beta 5 holds its run to {row['kl_end']:.3f}, and it works it out "
+                f"{partner['kl_end']:.3f} per token; beta 5 holds its run to {row['kl_end']:.2g}, and it works it out "
                 f"in {row['think_rate']:.1%} of test answers (the reference {partner['think_rate']:.1%})")
     if family == "group size":
         groups = {s["name"]: s["config_overrides"].get("prompts_per_iteration", ReasoningConfig.prompts_per_iteration)
