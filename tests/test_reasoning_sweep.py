@@ -146,3 +146,19 @@ def test_the_bases_seeds_start_with_chapter_11s_run_and_list_the_sweeps_missing_
         # chapter 11's finding, read from the committed run: no response of the run ever worked it out
         assert seed_1["peak_think_rate"] == 0.0 and seed_1["first_worked_iteration"] is None
         assert [r["name"] for r in entry["runs"][1:]] + entry["missing"] == list(reasoning_sweep.BASE_SEEDS[base])
+
+
+def test_chapter_5s_question_where_rl_works_is_answered_from_the_committed_runs(capsys):
+    """Chapter 5's reveal in chapter 11's regime: beta 5 against the reference's seeds, from the files.  The
+    answer is recounted here from the table (each seed's paired difference and Holm p), not taken from the reveal."""
+    from labkit.book.exercises import reveal_where_rl_works
+
+    row = next(r for r in reasoning_sweep.table()["families"]["KL leash"] if r["name"] == "worked_beta_5")
+    tests = row["against"].values()
+    expected = ("worse" if all(t["think_difference"] < 0 and t["think_p_holm"] < reasoning_sweep.BEYOND_SEEDS_ALPHA
+                               for t in tests) and len(tests) == 3 else "not separable")
+    result = reveal_where_rl_works("better", "KL leash")
+    out = capsys.readouterr().out
+    assert result == {"prediction": "better", "measured": expected, "right": False}
+    assert out.startswith("The protocol's regime (chapter 9's ablation budget)") and "-- KL leash" in out
+    assert f"beta 5 holds its run to {row['kl_end']:.2g}" in out and f"The runs: {expected}." in out
