@@ -159,6 +159,8 @@ def test_chapter_5s_question_where_rl_works_is_answered_from_the_committed_runs(
                                for t in tests) and len(tests) == 3 else "not separable")
     result = reveal_where_rl_works("better", "KL leash")
     out = capsys.readouterr().out
-    assert result == {"prediction": "better", "measured": expected, "right": False}
+    assert {k: result[k] for k in ("prediction", "measured", "right")} == {"prediction": "better", "measured": expected,
+                                                                           "right": False}
+    assert result["rows"]["worked_beta_5"] == row
     assert out.startswith("The protocol's regime (chapter 9's ablation budget)") and "-- KL leash" in out
     assert f"beta 5 holds its run to {row['kl_end']:.2g}" in out and f"The runs: {expected}." in out

@@ -343,7 +343,8 @@ def _where_rl_works_why(family: str, row: dict, result: dict, preset: str) -> st
 def reveal_where_rl_works(prediction, family: str, preset: str = "tiny") -> dict | None:
     """Chapters 3, 4, 5, 8: the chapter's piece changed in chapter 11's regime (GRPO from rare_2 on worked answers):
     does the run end better, worse or not separable from the reference, beyond its three training seeds?  Prints
-    both regimes (`reasoning_sweep.both_regimes`) first.  None (and a line saying so) while the run is not trained."""
+    both regimes (`reasoning_sweep.both_regimes`) first.  Returns the checker's dict plus "rows" ({run: its row of
+    `reasoning_sweep.table`} for the family), or None (and a line saying so) while the run is not trained."""
     require_prediction(prediction, **EXPECTED["reveal_where_rl_works"])  # refused before anything is shown
     if family not in WHERE_RL_WORKS:
         raise ValueError(f"family {family!r}: expected one of {list(WHERE_RL_WORKS)}")
@@ -358,14 +359,14 @@ def reveal_where_rl_works(prediction, family: str, preset: str = "tiny") -> dict
     measured = where_rl_works_outcome(row, what)
     d = 100 * row["against"][reasoning_sweep.PARTNER][f"{what}_difference"]
     words, key = _MEASURE[what]
-    return check_prediction(prediction, measured, **EXPECTED["reveal_where_rl_works"], why=(
+    checked = check_prediction(prediction, measured, **EXPECTED["reveal_where_rl_works"], why=(
         f"{_where_rl_works_why(family, row, result, preset)}.  {words[0].upper()}{words[1:]} "
         f"{change}: {row[key]:.1%}, {d:+.1f} points against the reference "
         f"(training seed 1), "
         + ("beyond all three of its seeds" if measured != WHERE_RL_WORKS_CHOICES[2] else
            f"not beyond its seeds (a change counts only where it holds against all three, each at Holm p < "
            f"{reasoning_sweep.BEYOND_SEEDS_ALPHA}, in one direction)") + "."))
-
+    return {**checked, "rows": {r["name"]: r for r in result["families"][family]}}  # rows: for the chapter's own checks
 
 
 # What each reveal accepts as a prediction: checked before anything is measured or shown, and by the
