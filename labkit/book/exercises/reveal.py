@@ -322,7 +322,7 @@ def _where_rl_works_why(family: str, row: dict, result: dict, preset: str) -> st
                 f"[{1 - eps:g}, {1 + eps:g}] in the direction their advantage pushes: in the reference at most {max(clipped):.1%} of "
                 f"the tokens in any iteration (mean {sum(clipped) / len(clipped):.2%}).  Those are the tokens that moved "
                 f"most; without the clip they keep their gradient, and the run ends further from its base (exact KL "
-                f"at the end {row['kl_end']:.3f} against the reference's {partner['kl_end']:.3f})")
+                f"at the end {row['kl_end']:.3f} against the reference's {partner['kl_end']:.3f})" + _reuse(preset, partner["accuracy"]))
     if family == "KL leash":
         return (f"to work problems out the policy must move far from its base: the reference ends at an exact KL of "
                 f"{partner['kl_end']:.3f} per token; beta 5 holds its run to {row['kl_end']:.2g}, and it works it out "
@@ -338,6 +338,21 @@ def _where_rl_works_why(family: str, row: dict, result: dict, preset: str) -> st
                 f"{partner['signal_share_mean'] * theirs:.1f}.  The same budget of responses holds the same rare "
                 f"winners, whichever way it is split")
     raise ValueError(f"family {family!r}: expected one of {list(WHERE_RL_WORKS)}")
+
+
+def _reuse(preset: str, reference_accuracy: float) -> str:
+    """Where the clip is meant to act, many updates on one batch: the 16-update runs with and without it, paired over
+    the test chains (empty while either is not trained)."""
+    folders = reasoning_sweep.finished_folders(preset)
+    pair = ("worked_updates_16", "worked_updates_16_clip_0p99")
+    if not all(name in folders for name in pair):
+        return ""
+    clip, free = (reasoning_sweep.profile_rows(folders[name]) for name in pair)
+    t = reasoning_report.paired_over_chains(clip, free)
+    return (f".  With 16 updates a batch, where reuse is heavy, both runs end behind the reference's "
+            f"{reference_accuracy:.1%} right; the one without the clip is right in {t['b_rate']:.1%} of test answers "
+            f"against {t['a_rate']:.1%} with it "
+            f"({100 * t['mean_difference']:+.1f} points, paired over the chains, p = {t['p_permutation']:.2g})")
 
 
 def reveal_where_rl_works(prediction, family: str, preset: str = "tiny") -> dict | None:
