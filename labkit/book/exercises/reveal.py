@@ -359,7 +359,7 @@ def reveal_where_rl_works(prediction, family: str, preset: str = "tiny") -> dict
     """Chapters 3, 4, 5, 8: the chapter's piece changed in chapter 11's regime (GRPO from rare_2 on worked answers):
     does the run end better, worse or not separable from the reference, beyond its three training seeds?  Prints
     both regimes (`reasoning_sweep.both_regimes`) first.  Returns the checker's dict plus "rows" ({run: its row of
-    `reasoning_sweep.table`} for the reference and the family), or None (and a line saying so) while the run is not trained."""
+    `reasoning_sweep.table`} for the reference and the family) and "base" (rare_2's think rate and share right), or None (and a line saying so) while the run is not trained."""
     require_prediction(prediction, **EXPECTED["reveal_where_rl_works"])  # refused before anything is shown
     if family not in WHERE_RL_WORKS:
         raise ValueError(f"family {family!r}: expected one of {list(WHERE_RL_WORKS)}")
@@ -382,7 +382,7 @@ def reveal_where_rl_works(prediction, family: str, preset: str = "tiny") -> dict
            f"not beyond its seeds (a change counts only where it holds against all three, each at Holm p < "
            f"{reasoning_sweep.BEYOND_SEEDS_ALPHA}, in one direction)") + "."))
     rows = {reasoning_sweep.PARTNER: result["partner"], **{r["name"]: r for r in result["families"][family]}}
-    return {**checked, "rows": rows}  # rows: for the chapter's own checks of its prose
+    return {**checked, "rows": rows, "base": result["base"]}  # rows, base: for the chapter's own checks of its prose
 
 
 # What each reveal accepts as a prediction: checked before anything is measured or shown, and by the
