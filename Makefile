@@ -96,6 +96,7 @@ cache: $(STAMP)  ## rebuild the stale steps of the cached tiny run, then the res
 	$(PY) -m labkit sweep --preset tiny --workers 2
 	$(PY) -m labkit sweep sweeps/chapter10.json --preset tiny --workers 2
 	$(PY) -m labkit sweep sweeps/ablations.json --preset tiny --workers 2
+	$(PY) -m labkit sweep sweeps/reasoning.json --preset tiny --workers 2
 	$(PY) -m labkit.book.build results-page
 	$(PY) -m labkit.book.build execute
 

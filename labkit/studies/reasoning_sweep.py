@@ -1,6 +1,6 @@
 """Issue 56's reasoning sweep, read: each piece of GRPO removed or changed where RL works.
 
-    python -m labkit sweep sweeps/planned/reasoning.json     # trains what is missing (sweep.py)
+    python -m labkit sweep sweeps/reasoning.json     # trains what is missing (sweep.py)
 
 Every run of the sweep file is chapter 11's GRPO from the thinking base rare_2 (16 chains x G = 8,
 40 iterations) with one thing changed, and each is evaluated by chapter 11's test profile: the same
@@ -26,7 +26,7 @@ from ..eval import paired
 from ..lab.runs import REPO_ROOT, RunFolder, display_path, read_checked_json
 from . import reasoning_report, thinking_base
 
-SWEEP_FILE = REPO_ROOT / "sweeps" / "planned" / "reasoning.json"  # wherever the caller runs (a chapter: notebooks/)
+SWEEP_FILE = REPO_ROOT / "sweeps" / "reasoning.json"  # wherever the caller runs (a chapter: notebooks/)
 PARTNER = "worked_grpo"
 FAMILIES = {
     "seeds": ("worked_grpo_seed_2", "worked_grpo_seed_3"),
