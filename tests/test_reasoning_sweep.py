@@ -164,3 +164,16 @@ def test_chapter_5s_question_where_rl_works_is_answered_from_the_committed_runs(
     assert result["rows"]["worked_beta_5"] == row
     assert out.startswith("The protocol's regime (chapter 9's ablation budget)") and "-- KL leash" in out
     assert f"beta 5 holds its run to {row['kl_end']:.2g}" in out and f"The runs: {expected}." in out
+
+
+def test_the_committed_reasoning_sweep_is_complete_and_rewrites_its_results_byte_for_byte(tmp_path):
+    """Issue 56: `python -m labkit sweep sweeps/reasoning.json` on a fresh clone trains nothing (every run is
+    finished under today's fingerprint) and its scoring phase writes the committed results file, byte for byte."""
+    from labkit.studies import sweep
+
+    specs = reasoning_sweep.specs()
+    due = [s["name"] for s in specs if not sweep._done(s)]
+    assert due == [], f"reasoning sweep runs {due} are not built for this code; `make cache` trains them"
+    committed = sweep.sweep_root(reasoning_sweep.SWEEP_FILE, "tiny") / sweep.results_file(reasoning_sweep.SWEEP_FILE)
+    sweep.collect_results(specs, tmp_path / committed.name)
+    assert (tmp_path / committed.name).read_bytes() == committed.read_bytes()
