@@ -117,7 +117,7 @@ SEEDS = (PARTNER, "worked_grpo_seed_2", "worked_grpo_seed_3")
 BEYOND_SEEDS_ALPHA = 0.01
 
 
-def table(preset: str = "tiny", sweep_file: str | Path = SWEEP_FILE) -> dict:
+def table(preset: str = "tiny", sweep_file: str | Path = SWEEP_FILE, families: tuple[str, ...] | None = None) -> dict:
     """{"base", "partner", "families": {family: [row, ...]}, "missing"}: each finished run against the
     reference, paired over the test chains (right draws and working draws), Holm-corrected within its
     family, against each of the reference's finished training seeds.
@@ -138,6 +138,8 @@ def table(preset: str = "tiny", sweep_file: str | Path = SWEEP_FILE) -> dict:
            "partner": summary(folders[PARTNER], seed_rows[PARTNER]), "seeds": list(seed_rows),
            "families": {}, "missing": []}
     for family, names in FAMILIES.items():
+        if families is not None and family not in families:  # a chapter's one family: its tests alone (Holm is per family)
+            continue
         rows = []
         for name in names:
             if name not in folders:

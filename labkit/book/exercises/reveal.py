@@ -364,7 +364,7 @@ def reveal_where_rl_works(prediction, family: str, preset: str = "tiny") -> dict
     if family not in WHERE_RL_WORKS:
         raise ValueError(f"family {family!r}: expected one of {list(WHERE_RL_WORKS)}")
     name, what, change = WHERE_RL_WORKS[family]
-    result = reasoning_sweep.table(preset)
+    result = reasoning_sweep.table(preset, families=(family,))
     print(reasoning_sweep.both_regimes(family, result, preset))
     row = next((r for r in result["families"][family] if r["name"] == name), None)
     if row is None:
