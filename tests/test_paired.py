@@ -172,6 +172,36 @@ def test_the_permutation_p_is_exact_on_a_small_case_and_deterministic_on_a_large
     assert first["p_permutation"] == pytest.approx(brute_force_permutation_p(nonzero), abs=0.01)
 
 
+def _scipy_sign_flip_p(d) -> float:
+    from scipy import stats
+
+    return float(stats.permutation_test((np.asarray(d, dtype=np.float64),), lambda x, axis: np.sum(x, axis=axis),
+                                        permutation_type="samples", vectorized=True,
+                                        n_resamples=paired.PERMUTATION_RESAMPLES, alternative="two-sided",
+                                        rng=np.random.default_rng(paired.PERMUTATION_SEED)).pvalue)
+
+
+@pytest.mark.parametrize("m, shift, one_sided", [(17, 0, False), (22, 1, False), (57, 0, False), (120, 1, False),
+                                                 (201, 0, False), (33, 0, True), (199, 2, False)])
+def test_the_fast_monte_carlo_p_is_scipys_bit_for_bit(m, shift, one_sided):
+    """The sign flips drawn from PCG64's 32-bit halves give scipy.stats.permutation_test's p exactly (odd and
+    even sizes, p near 1, near 0.05, at its floor of 2/20,001)."""
+    rng = np.random.default_rng(m)
+    d = rng.integers(-8, 9, m) + shift
+    d = np.abs(d) if one_sided else d
+    d = d[d != 0].astype(np.float64)
+    assert 2 ** d.size > paired.PERMUTATION_RESAMPLES
+    assert paired._sums_exactly(d)
+    assert paired._monte_carlo_sign_flip_p(d) == _scipy_sign_flip_p(d)
+    assert paired.permutation_p(d) == (_scipy_sign_flip_p(d), "monte carlo, 20000 sign flips")
+
+
+def test_differences_that_are_not_integers_keep_scipys_own_path():
+    d = np.random.default_rng(3).normal(size=40)
+    assert not paired._sums_exactly(d)
+    assert paired.permutation_p(d)[0] == _scipy_sign_flip_p(d)
+
+
 # --- words ------------------------------------------------------------------------------------------------
 
 
