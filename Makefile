@@ -72,8 +72,8 @@ student: $(STAMP)  ## write the student copies of every chapter (solutions stubb
 unit: $(STAMP)  ## unit tests only, on both cores
 	$(PY) -m pytest -q -p no:nbval -n 2 --dist loadfile --no-loadscope-reorder tests
 
-test-slow: $(STAMP)  ## the slow fault-injection and cluster tests that `make test` leaves out (CI runs them after it)
-	$(PY) -m pytest -q -p no:nbval -n 2 --dist loadfile -m slow tests
+test-slow: $(STAMP)  ## what `make test` leaves out (CI runs it after): slow fault injection, a cluster, and nbval and the stored-value tests under portable kernels
+	$(PY) tests/phases.py --slow
 
 notebooks: $(STAMP)  ## re-execute every chapter and compare with its stored outputs (nbval)
 	$(PY) -m pytest -q --nbval --nbval-current-env notebooks
@@ -83,12 +83,12 @@ notebooks: $(STAMP)  ## re-execute every chapter and compare with its stored out
 notebooks-portable: $(STAMP)  ## nbval again with PyTorch's portable kernels (ATEN_CPU_CAPABILITY=default)
 	ATEN_CPU_CAPABILITY=default $(PY) -m pytest -q --nbval --nbval-current-env notebooks
 
-# The phases run two at a time where they are independent (tests/phases.py, which prints each
-# phase's wall time, CPU time and peak memory at the end): the unit tests on both cores
-# (pytest-xdist), then nbval under the native and the portable kernels side by side, then the qwen
-# smoke beside both books' builds, then the unit tests marked `portable` (they compare stored values
-# or two implementations: tests/portable.py) under the portable kernels beside the two browser checks.
-test: $(STAMP)  ## unit tests and nbval under native and portable kernels, both books and their browser check
+# The phases run side by side where they are independent (tests/phases.py, which prints each phase's
+# wall time, CPU time and peak memory at the end): the unit tests on both cores (pytest-xdist), then
+# nbval beside the qwen smoke and both books' builds, then the two books' browser checks.  What would
+# hold on another CPU (nbval and the stored-value tests again under PyTorch's portable kernels) and the
+# slow fault-injection tests are `make test-slow`'s, which CI runs after this.
+test: $(STAMP)  ## unit tests, nbval over every chapter, both books and their browser check
 	$(PY) tests/phases.py
 
 cache: $(STAMP)  ## rebuild the stale steps of the cached tiny run, then the results page and the chapters' outputs

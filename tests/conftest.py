@@ -6,8 +6,8 @@ make a 7 ms forward take hundreds of milliseconds.  Set at import (for what
 collection builds) and again before every test's fixtures are set up, since some
 code under test (the CLI's --threads) sets its own count.
 
-The `portable` marker: `make test` runs the unit tests once with the kernels this CPU picks,
-then again, under PyTorch's portable kernels (ATEN_CPU_CAPABILITY=default, which round
+The `portable` marker: `make test` runs the unit tests once with the kernels this CPU picks;
+`make test-slow` (CI, after it) runs again, under PyTorch's portable kernels (ATEN_CPU_CAPABILITY=default, which round
 differently), only the tests whose outcome could depend on how a CPU rounds: those that
 compare a computation with a stored value (the committed run, models, snapshots, evaluations)
 and those that compare two implementations of one function within a tolerance.  A test that
@@ -25,13 +25,13 @@ from torch.utils._python_dispatch import TorchDispatchMode
 torch.set_num_threads(1)
 
 
-# The slowest files first (measured 2026-12-02): with --no-loadscope-reorder, pytest-xdist's `loadfile`
-# gives a worker the next file in collection order when it finishes one, so the long ones go out first
-# and the two workers end together (xdist's own order, by number of tests, sent a 36-s file out last and
-# one worker idled ~30 s).
-SLOWEST_FIRST = ("test_fault_injection.py", "test_grpo.py", "test_fault_injection_sft.py", "test_sweep.py",
-                 "test_variants.py", "test_shared_prompt.py", "test_pretrain_resume.py", "test_results_page.py",
-                 "test_group_size.py", "test_sft.py", "test_corpus.py", "test_bench_grpo.py")
+# The slowest files first (measured 2026-12-07, tests/phases.py's LONGEST_FIRST): with --no-loadscope-reorder,
+# pytest-xdist's `loadfile` gives a worker the next file in collection order when it finishes one, so the long
+# ones go out first and the two workers end together (xdist's own order, by number of tests, sent a 36-s file
+# out last and one worker idled ~30 s).
+SLOWEST_FIRST = ("test_grpo.py", "test_variants.py", "test_results_page.py", "test_reasoning_loop.py",
+                 "test_pretrain_resume.py", "test_ablations.py", "test_group_size.py", "test_sft.py", "test_sweep.py",
+                 "test_fault_injection.py", "test_fault_injection_sft.py")
 
 
 def pytest_collection_modifyitems(config, items):

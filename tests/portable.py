@@ -1,4 +1,4 @@
-"""Which unit tests `make test` runs a second time under PyTorch's portable kernels (see conftest.py).
+"""Which unit tests `make test-slow` runs a second time under PyTorch's portable kernels (see conftest.py).
 
 A module of its own, with no imports, so that tests/phases.py can name these files on the portable
 pass's command line (pytest then collects only them) without importing torch.

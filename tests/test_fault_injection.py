@@ -40,7 +40,12 @@ from labkit.grpo import loop
 from labkit.lab import state as state_lib
 from labkit.lab.runs import REPO_ROOT, ArtifactError, is_finished, read_json, sha256_file
 
-pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="SIGKILL and /proc/self/fd: Linux")
+# The whole file is `make test-slow`'s (CI runs it after `make test`): its runs are real processes killed with
+# SIGKILL and SIGINT, 137 s of a loaded unit phase on 2026-12-07.  `make test` keeps each guarantee's in-process
+# twin in tests/test_grpo.py (a killed run resumed in place keeps every rollout once, a state with a flipped bit
+# refused by its ledger, a resume equal to the continuous run) and tests/test_reasoning_loop.py (Ctrl-C).
+pytestmark = [pytest.mark.slow,
+              pytest.mark.skipif(not sys.platform.startswith("linux"), reason="SIGKILL and /proc/self/fd: Linux")]
 
 N = 4  # iterations of every run here (~1 s each, plus ~4 s of imports for a `python -m labkit` process)
 ROWS_PER_ITERATION = 16  # 4 prompts x G=4

@@ -6,9 +6,13 @@ import os
 import signal
 from pathlib import Path
 
+import pytest
+
 from labkit.grpo import loop
 from labkit.lab import state as state_lib
 from test_fault_injection import N, assert_equals_continuous, in_process, reference  # noqa: F401  (a fixture)
+
+pytestmark = pytest.mark.slow  # as tests/test_fault_injection.py: `make test-slow`
 
 
 def test_a_second_ctrl_c_while_a_state_is_written_leaves_that_state_whole(tmp_path, capsys, monkeypatch, reference):

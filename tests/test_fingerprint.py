@@ -166,6 +166,7 @@ def edited_copy(tmp_path_factory):
     return root
 
 
+@pytest.mark.slow  # a copy of the package, every module edited: 22 s in a loaded unit phase: `make test-slow`
 def test_prose_edits_in_every_module_leave_every_step_fresh(edited_copy):
     verdicts = cache.check(steps.STEPS, "tiny", code_root=edited_copy)
     assert {name: v["status"] for name, v in verdicts.items()} == {name: "fresh" for name in steps.STEP_NAMES}, \
@@ -219,6 +220,7 @@ def test_the_committed_cache_is_fingerprinted_and_says_where_it_came_from():
 
 # -- Against what really runs ---------------------------------------------------------------------------
 
+@pytest.mark.slow  # a traced GRPO run: 24 s in a loaded unit phase: `make test-slow`
 def test_every_function_a_grpo_run_executes_is_in_its_fingerprint(tmp_path):
     """The static reach is a superset of what runs: every labkit function a short real GRPO run (and its
     resume) executes is in the grpo step's fingerprint."""

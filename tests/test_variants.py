@@ -78,6 +78,7 @@ def test_dr_grpo_advantages_are_the_centred_rewards(tmp_path, start_file):
         assert a["advantage"] == a["optimised_reward"] - mean and b["advantage"] == b["optimised_reward"] - mean
 
 
+@pytest.mark.slow  # 22 s in a loaded unit phase: `make test-slow` (a stop and resume; test_grpo.py keeps the protocol's)
 def test_the_random_control_ignores_the_response_and_resumes_exactly(tmp_path, start_file):
     variant = Variant(reward="random", random_reward_p=0.5)
     _, history, rows = run(tmp_path / "continuous", start_file, variant, iterations=3)
@@ -206,6 +207,7 @@ def test_the_rounded_samplers_differ_from_the_policy_and_leave_it_alone():
     assert presets.parameter_digest(model) == before
 
 
+@pytest.mark.slow  # three runs, 28 s in a loaded unit phase: `make test-slow`
 @pytest.mark.parametrize("logp_old_from, tis_cap", [("sampler", None), ("trainer", None), ("trainer", 2.0)])
 def test_a_float8_sampler_is_reported_and_logp_old_follows_the_switch(tmp_path, start_file, logp_old_from, tis_cap):
     variant = Variant(sampler_weights="float8", logp_old_from=logp_old_from, tis_cap=tis_cap)
