@@ -691,6 +691,15 @@ def cmd_reasoning(args: argparse.Namespace) -> int:
     return _build_and_report(reasoning, reasoning.RUN_NAMES, args)
 
 
+def cmd_rarer_bases(args: argparse.Namespace) -> int:
+    """Chapter 11: bases rarer than rare_2 on one lineage of their own, and GRPO from each (labkit.studies.rarer_bases)."""
+    from .studies import rarer_bases
+
+    rarer_bases.run_all(args.preset, workers=args.workers, threads=args.threads, progress=not args.no_progress)
+    print(rarer_bases.format_table(rarer_bases.table(args.preset)))
+    return 0
+
+
 def cmd_sampler_agreement(args: argparse.Namespace) -> int:
     """Reference vs fast sampler on the warm start: greedy and seeded agreement, explained, timed."""
     import torch
@@ -717,7 +726,7 @@ def _add_sft_arguments(p: argparse.ArgumentParser) -> None:
 COMMAND_ORDER = ("data", "pretrain", "warm-start", "sft", "sft-resume-check", "grpo", "grpo-resume-check",
                  "sampler-agreement", "evaluate", "results-json", "group-size",  # the protocol, in order
                  "grpo-large", "sweep", "gradient-study", "objective-cases", "reward-model", "format-base", "overoptimisation",
-                 "thinking-bases", "reasoning", "skill-test", "crossover", "live", "all", "smoke", "cache",
+                 "thinking-bases", "reasoning", "rarer-bases", "skill-test", "crossover", "live", "all", "smoke", "cache",
                  "tune", "bench", "student")  # the tools
 
 
@@ -1008,6 +1017,15 @@ def _add_chapter10_commands(sub) -> None:
                        "(a run that a Ctrl-C or a kill stopped)")
         p.add_argument("--restart", action="store_true", help="delete each unfinished run's attempt and start it afresh")
         p.set_defaults(func=func)
+
+    p = sub.add_parser("rarer-bases", help="chapter 11: bases that work a problem out in 2%%, 1%% and 0.5%% of their "
+                                           "documents, on one lineage of their own, and GRPO from each (trains only "
+                                           "what is missing; an unfinished base or run goes on from its newest state)")
+    p.add_argument("--preset", default="tiny", choices=["tiny"], help="only 'tiny' (default: %(default)s)")
+    p.add_argument("--workers", type=int, default=2, help="bases or runs at once, one process each (default: 2)")
+    p.add_argument("--threads", type=int, default=1, help="torch CPU threads per worker (default: 1)")
+    p.add_argument("--no-progress", action="store_true", help="no progress lines")
+    p.set_defaults(func=cmd_rarer_bases)
 
 
 def _add_crossover_command(sub) -> None:

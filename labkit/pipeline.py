@@ -20,6 +20,7 @@
     reasoning            python -m labkit reasoning                reasoning/      (tiny only, chapter 11)
     skill_test           python -m labkit skill-test               skill_test/     (tiny only, chapter 11)
     crossover            python -m labkit crossover --fill         crossover/      (tiny only, chapter 11)
+    rarer                python -m labkit rarer-bases              rarer/          (tiny only, chapter 11)
 
 A step whose output is finished is skipped (finished runs are evidence and are
 never overwritten); with `rebuild_stale`, a step that `labkit.lab.cache` finds stale
@@ -40,7 +41,7 @@ from . import steps
 from .lab import cache
 from .lab.errors import CommandFailed
 from .lab.runs import REPO_ROOT, is_finished, read_json, write_json
-from .studies import larger_run, overoptimisation, reasoning, thinking_base
+from .studies import larger_run, overoptimisation, rarer_bases, reasoning, thinking_base
 
 
 def _done(preset: str, step: str) -> bool:
@@ -65,6 +66,7 @@ def _done(preset: str, step: str) -> bool:
         "crossover": lambda: is_finished(root / "crossover"),
         "thinking": lambda: thinking_base.is_built(preset),
         "reasoning": lambda: reasoning.is_built(preset),
+        "rarer": lambda: rarer_bases.is_built(preset),
         "format_base": lambda: is_finished(root / "format_base") and is_finished(root / "format_base" / "evaluation"
                                                                                   / "format_base"),
     }
@@ -103,6 +105,7 @@ def _commands(preset: str, device: str | None, threads: int | None) -> list[tupl
         steps.append(("skill_test", ["skill-test", "--preset", preset]))
         # --fill: the policies' models are not committed (on a clone, `cache fill` rebuilds and checks them)
         steps.append(("crossover", ["crossover", "--preset", preset, "--fill", "--no-progress"]))
+        steps.append(("rarer", ["rarer-bases", "--preset", preset, "--workers", "2", "--no-progress"]))
     return steps
 
 
@@ -112,7 +115,7 @@ CACHE_STEP = {"base": "base", "warm_start": "warm_start", "sft": "sft", "grpo": 
               "format_base": "format_base", "grpo_large": "grpo_large",
               "overoptimisation": "overoptimisation", "gradient_study": "gradient_study",
               "thinking": "thinking", "reasoning": "reasoning", "skill_test": "skill_test",
-              "crossover": "crossover"}
+              "crossover": "crossover", "rarer": "rarer"}
 
 
 def move_stale_aside(preset: str, only: tuple[str, ...] | None = None) -> list[tuple[str, Path]]:
