@@ -7,6 +7,7 @@ and one iteration's parts add up to its total.
 """
 
 import pytest
+import torch
 
 from labkit.bench import grpo as bench
 
@@ -66,4 +67,10 @@ def test_a_worked_iterations_update_by_both_paths_agrees_and_is_timed_stage_by_s
         assert set(stages) == {"batch", "reference forward", "policy forward", "loss", "backward", "step"}
         assert out[path]["update_s"] == pytest.approx(sum(stages.values()))
     assert all((loop.model.state_dict()[k] == v).all() for k, v in before.items())  # the loop's state put back
-    assert "a worked iteration: today" in capsys.readouterr().out
+    printed = capsys.readouterr().out
+    assert "a worked iteration: today" in printed
+    # two threads (where there are two cores): the same rollouts, the losses to float32 rounding, one thread after
+    assert torch.get_num_threads() == 1
+    if out["threads"] is not None:
+        assert out["threads"]["same_rollouts"] and out["threads"]["loss_diff"] <= 2e-4
+        assert f"at {out['threads']['threads']} threads, as on a two-core laptop" in printed

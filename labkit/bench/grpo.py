@@ -24,10 +24,12 @@ alternating within a repeat so that a change in the machine's load hits them ali
    generation, reference forward, updates, pre-update check and bookkeeping.
 
 5. A worked-answer iteration (chapter 11): the thinking base "skill" (`labkit.studies.thinking_base`,
-   local: `make cache` builds it) answers 16 worked prompts x G = 8 at up to 160 new tokens; the
-   static sampler against `generate()` and the fast sampler, the arithmetic floor at that context,
-   and one iteration of `labkit.studies.reasoning` split into sampling and updates.  Skipped, said so,
-   where the base is not built.
+   local: `cache fill` builds it; else the rarer bases' own, `labkit.studies.rarer_bases`) answers 16
+   worked prompts x G = 8 at up to 160 new tokens; the static sampler against `generate()` and the
+   fast sampler, the arithmetic floor at that context, and one iteration of `labkit.studies.reasoning`
+   split into sampling and updates: today's path against the new one, stage by stage, then the new one
+   at two threads where the machine has two cores (the same rollouts, checked).  Skipped, said so,
+   where no skill base is built.
 
     python -m labkit bench grpo [--threads 1] [--repeats 3] [--quick]
 
@@ -275,10 +277,15 @@ def bench_worked(repeats: int) -> dict | None:
     from ..studies import reasoning, thinking_base
     from ..task import worked
 
-    skill = thinking_base.default_run_dir("tiny", "skill") / thinking_base.MODEL_FILE
-    if not skill.is_file():
-        print(f"\n[5] worked answers: skipped, {skill.relative_to(presets.REPO_ROOT)} is not built "
-              "(`python -m labkit thinking-bases` or `make cache`)")
+    from ..studies import rarer_bases
+
+    # the thinking step's skill base (kept local: `cache fill`), else the rarer bases' own, made by the same recipe
+    skill = next((path for path in (thinking_base.default_run_dir("tiny", "skill") / thinking_base.MODEL_FILE,
+                                    rarer_bases.base_dir("tiny", "skill") / thinking_base.MODEL_FILE) if path.is_file()),
+                 None)
+    if skill is None:
+        print("\n[5] worked answers: skipped, the skill base's model is not here (`python -m labkit cache fill "
+              "--steps thinking --runs skill`, or `python -m labkit rarer-bases`, which builds one of its own)")
         return None
     cfg = ReasoningConfig()
     loop = reasoning.new_loop(reasoning.ReasoningRun("bench", "rare_2"), cfg, skill)
@@ -438,7 +445,49 @@ def bench_worked_iteration(loop, repeats: int, peak_flops: float) -> dict:
           f"rows, bucketed scoring) {out['bucketed']['iteration_s']:.2f} s: {ratio:.2f}x, at "
           f"{torch.get_num_threads()} thread(s)")
     out.update(ratio=ratio, loss_diff=loss_diff, grad_diff=grad_diff)
+    out["threads"] = _worked_at_threads(loop, repeats, saved, saved_order, drawn["now"], new_metrics, out)
     return out
+
+
+def _worked_at_threads(loop, repeats: int, saved, saved_order, sampled_one, metrics_one, out: dict) -> dict | None:
+    """Today's path again at two torch threads where this machine has two cores or more (a student's laptop
+    does): the same iteration sampled and updated from the same state, best of `repeats`; its rollouts checked
+    against one thread's and its losses compared.  None (and a line saying so) on a one-core machine."""
+    import os
+
+    from ..studies import reasoning
+
+    threads, kept = min(2, os.cpu_count() or 1), torch.get_num_threads()
+    if threads < 2:
+        print("    two threads: skipped, this machine has one core")
+        return None
+    torch.set_num_threads(threads)
+    try:
+        best, same, loss_diff = None, True, 0.0
+        for _ in range(repeats):
+            loop.order.restore(saved_order[0])
+            loop.generation.set_state(saved_order[1])
+            t = time.perf_counter()
+            sampled = reasoning.sample_iteration(loop, 0)
+            sampling = time.perf_counter() - t
+            same &= [r.response_ids for r in sampled.rollouts] == [r.response_ids for r in sampled_one.rollouts]
+            loop.model.load_state_dict(saved[0])
+            loop.optimizer.load_state_dict(saved[1])
+            loop.next_update, loop.shared_prompts, loop.bucket_tokens = saved[2], True, \
+                UPDATE_PATHS["bucketed"]["bucket_tokens"]
+            times, metrics, _ = _update_stages(loop, sampled)
+            loss_diff = max(loss_diff, *(abs(a["loss"] - b["loss"]) for a, b in zip(metrics, metrics_one)))
+            total = sampling + sum(times.values())
+            best = total if best is None else min(best, total)
+    finally:
+        torch.set_num_threads(kept)
+        loop.model.load_state_dict(saved[0])
+        loop.optimizer.load_state_dict(saved[1])
+        loop.next_update = saved[2]
+    ratio = out["today"]["iteration_s"] / best
+    print(f"    at {threads} threads, as on a two-core laptop: {best:.2f} s an iteration, {ratio:.2f}x today's one-thread "
+          f"iteration (the same rollouts: {same}; losses within {loss_diff:.1e} of one thread's)")
+    return {"threads": threads, "iteration_s": best, "ratio": ratio, "same_rollouts": same, "loss_diff": loss_diff}
 
 
 def run(argv: list[str] | None = None) -> dict:
