@@ -1018,6 +1018,9 @@ def _add_chapter10_commands(sub) -> None:
         p.add_argument("--restart", action="store_true", help="delete each unfinished run's attempt and start it afresh")
         p.set_defaults(func=func)
 
+
+def _add_rarer_command(sub) -> None:
+    """Subcommand: chapter 11's rarer bases (labkit.studies.rarer_bases)."""
     p = sub.add_parser("rarer-bases", help="chapter 11: bases that work a problem out in 2%%, 1%% and 0.5%% of their "
                                            "documents, on one lineage of their own, and GRPO from each (trains only "
                                            "what is missing; an unfinished base or run goes on from its newest state)")
@@ -1107,6 +1110,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_training_commands(sub)
     _add_exercise_commands(sub)
     _add_chapter10_commands(sub)
+    _add_rarer_command(sub)
     _add_crossover_command(sub)
     _add_evaluation_commands(sub)
     rank = {name: i for i, name in enumerate(COMMAND_ORDER)}

@@ -94,9 +94,9 @@ STEPS = (
          tuple(f"thinking/{name}/manifest.json" for name in ("skill", "rare_2", "rare_10"))
          + tuple(f"reasoning/{name}/manifest.json" for name in ("from_rare_2", "from_rare_10"))),
     # chapter 11: bases rarer than rare_2, on a lineage of their own (a skill base rebuilt in the step), and GRPO
-    # from each; the run folders' plumbing left out, as for the thinking bases
+    # from each
     CacheStep("rarer", "rarer", ("labkit.studies.rarer_bases:run_all",), (TOKENIZER,), ("base/model.safetensors",),
-              done_file="manifest.json", unrecorded=THINKING_UNRECORDED),
+              done_file="manifest.json"),
 )
 STEP_NAMES = tuple(s.name for s in STEPS)
 

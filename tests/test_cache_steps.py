@@ -14,7 +14,8 @@ def _verdicts(stale: set[str]) -> dict:
 
 @pytest.mark.parametrize("stale, expected", [
     ({"base"}, ["base", "warm_start", "sft", "grpo", "evaluation", "group_size", "reward_model", "format_base",
-                "grpo_large", "overoptimisation", "gradient_study", "thinking", "reasoning", "skill_test", "crossover"]),
+                "grpo_large", "overoptimisation", "gradient_study", "thinking", "reasoning", "skill_test", "crossover",
+                "rarer"]),
     ({"warm_start"}, ["warm_start", "sft", "grpo", "evaluation", "group_size", "reward_model", "grpo_large",
                       "overoptimisation", "gradient_study"]),
     ({"grpo_large"}, ["grpo_large"]),
@@ -29,6 +30,7 @@ def _verdicts(stale: set[str]) -> dict:
     ({"thinking"}, ["thinking", "reasoning", "skill_test", "crossover"]),
     ({"reasoning"}, ["reasoning", "crossover"]),
     ({"crossover"}, ["crossover"]),
+    ({"rarer"}, ["rarer"]),  # a lineage of its own: nothing else is built from it, and it from no thinking base
     (set(), []),
 ])
 def test_a_rebuilt_step_takes_everything_downstream_with_it(stale, expected):

@@ -11,8 +11,8 @@
     overoptimisation_summary
     thinking_base, reasoning,                bases that can work a problem out, GRPO on worked answers
     reasoning_report, skill_test,            (chapter 11), whether a base keeps the skill it never uses,
-    crossover, reasoning_sweep               pass@k up to 256 before and after RL, each piece of GRPO
-                                             removed where RL works
+    crossover, reasoning_sweep,              pass@k up to 256 before and after RL, each piece of GRPO
+    rarer_bases                              removed where RL works, bases rarer than rare_2
 
 May import: lab, task, config, models, train, grpo, eval.
 """
