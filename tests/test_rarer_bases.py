@@ -30,8 +30,14 @@ def test_the_lineage_is_the_thinking_steps_recipe_with_two_rarer_shares():
         phase = asdict(rarer_bases.config().phase(name))
         assert {k: v for k, v in phase.items() if k not in ("name", "thinking_share")} == \
                {k: v for k, v in asdict(thinking.phase("rare_2")).items() if k not in ("name", "thinking_share")}
-    assert [r.base for r in rarer_bases.RUNS] == list(rarer_bases.RARER)
-    assert rarer_bases.RUN_NAMES == ("from_rare_2", "from_rare_1", "from_rare_0p5")
+    assert [r.base for r in rarer_bases.RUNS] == list(rarer_bases.STARTS)
+    assert rarer_bases.RUN_NAMES == ("from_rare_2", "from_rare_1", "from_rare_0p5", "from_rare_2_direct_50",
+                                     "from_rare_2_direct_150")
+    # the thinned bases: the committed rare_2, then phase 2's documents with no working, at its constant rate
+    for phase in rarer_bases.THINNED:
+        assert (phase.start, phase.thinking_share, phase.peak_lr, phase.final_lr) == ("rare_2", 0.0, 3e-4, 3e-4)
+    assert rarer_bases.thinned_config().warmup_steps == 0
+    assert rarer_bases.THINNED_INDEX == len(thinking.phases)  # a document stream no thinking base draws
 
 
 def test_each_bases_worked_documents_are_a_subset_of_the_next_richer_bases():

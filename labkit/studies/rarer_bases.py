@@ -21,6 +21,14 @@ beside the committed rare_2.  So the study builds its whole lineage in its own f
 3. GRPO from each of the three with chapter 11's budget and seed (the sweep's worked runner, the lab's
    one loop), named "from_<base>", each evaluated by the same test profile (200 chains x 8 draws).
 
+On this machine the lineage's skill base never learned the skill: 3,000 updates left it right in 21.6% of its
+test draws (the committed one: 82.5%; its skill arrived late and all at once, after update 1,600), so its rare
+working does not pay, and nothing can be selected from it.  So rarer bases are also made on the chapter's own
+lineage, from the committed rare_2 itself (its weights are committed):
+
+4. "rare_2_direct_50", "rare_2_direct_150": rare_2, then 50 or 150 more updates of phase 2's documents with no
+   working at all (the worked prompt answered directly), at phase 2's rate; GRPO from each as above.
+
 Each base and run is a resumable run folder as every other: a Ctrl-C keeps its newest state.
 """
 
@@ -30,7 +38,7 @@ import time
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from ..config import ReasoningConfig, ThinkingBaseConfig
+from ..config import ReasoningConfig, ThinkingBaseConfig, ThinkingPhase
 from ..lab.runs import RunFolder, preset_folder, sha256_file, write_json
 from ..lab.skeleton import holding, refuse_earlier_attempt
 from . import thinking_base
@@ -45,13 +53,28 @@ PHASES = (
     replace(_RARE_2, name="rare_1", thinking_share=0.01),
     replace(_RARE_2, name="rare_0p5", thinking_share=0.005),
 )
+# Rarer on the chapter's own lineage: the committed rare_2 (whose weights are committed), then more of phase 2's
+# documents with no working at all (the worked prompt answered directly), 50 or 150 updates at phase 2's rate,
+# with no warm-up (the model is trained); both from one document stream, so the 50-update base is the 150-update
+# base's first 50 updates.  The thinking step's phases use seed indices 0-4, so index 5 is a stream of their own.
+THINNED = (
+    ThinkingPhase("rare_2_direct_50", "rare_2", 50, 0.0, _RARE_2.peak_lr, _RARE_2.final_lr),
+    ThinkingPhase("rare_2_direct_150", "rare_2", 150, 0.0, _RARE_2.peak_lr, _RARE_2.final_lr),
+)
+THINNED_INDEX = len(ThinkingBaseConfig().phases)
 BASES = tuple(p.name for p in PHASES)
-RARER = BASES[1:]  # the phase-2 bases GRPO starts from
+RARER = BASES[1:]  # the phase-2 bases of the lineage GRPO starts from
+STARTS = RARER + tuple(p.name for p in THINNED)  # every base GRPO starts from
 
 
 def config() -> ThinkingBaseConfig:
-    """The thinking step's config with this study's phases."""
+    """The thinking step's config with this study's lineage's phases."""
     return replace(ThinkingBaseConfig(), phases=PHASES)
+
+
+def thinned_config() -> ThinkingBaseConfig:
+    """The thinking step's config with the thinned bases' phases and no warm-up (they continue a trained base)."""
+    return replace(ThinkingBaseConfig(), phases=THINNED, warmup_steps=0)
 
 
 def root(preset: str = "tiny") -> Path:
@@ -78,9 +101,12 @@ def build_base(name: str, preset: str = "tiny", *, resume: bool = False, restart
     skill base with rare_2's document seed."""
     if preset != "tiny":
         raise ValueError(f"preset {preset!r}: only the tiny base is pretrained by the lab")
-    cfg = config()
+    thinned = name in {p.name for p in THINNED}
+    cfg = thinned_config() if thinned else config()
     phase = cfg.phase(name)
-    if name == "skill":
+    if thinned:  # from the committed rare_2 (the thinking step's folder: its weights are committed)
+        index, source = THINNED_INDEX, thinking_base.start_file(preset, phase)
+    elif name == "skill":
         index, source = 0, thinking_base.start_file(preset, phase)
     else:
         index, source = DOCUMENT_INDEX, base_model(preset, "skill")
@@ -113,7 +139,7 @@ class RarerRun:
     length_penalty: float = 0.0
 
 
-RUNS = tuple(RarerRun(f"from_{base}", base) for base in RARER)
+RUNS = tuple(RarerRun(f"from_{base}", base) for base in STARTS)
 RUN_NAMES = tuple(r.name for r in RUNS)
 
 
@@ -171,9 +197,10 @@ def run_all(preset: str = "tiny", *, workers: int = 2, threads: int = 1, progres
     unfinished one goes on from its newest state); then the step's manifest.  Returns {what: seconds}."""
     from ..lab.workers import run_in_processes
 
-    waves = [[("base", "skill")], [("base", b) for b in RARER], [("run", r) for r in RUN_NAMES]]
-    done = {("base", b) for b in BASES if is_finished(b, preset)} | {("run", r) for r in RUN_NAMES
-                                                                     if run_is_finished(r, preset)}
+    thinned = [("base", p.name) for p in THINNED]
+    waves = [[("base", "skill"), *thinned], [("base", b) for b in RARER], [("run", r) for r in RUN_NAMES]]
+    done = {("base", b) for b in BASES + tuple(p.name for p in THINNED) if is_finished(b, preset)} | {
+        ("run", r) for r in RUN_NAMES if run_is_finished(r, preset)}
     times: dict[str, float] = {}
     for wave in waves:
         jobs = [(kind, name, preset, threads) for kind, name in wave if (kind, name) not in done]
@@ -199,7 +226,8 @@ def is_built(preset: str = "tiny") -> bool:
 def write_step_manifest(preset: str = "tiny") -> dict:
     """runs/<preset>/rarer/manifest.json: every base's and run's manifest digest (the step is built when it exists)."""
     manifest = {"step": FOLDER, "preset": preset,
-                "bases": {n: sha256_file(base_dir(preset, n) / "manifest.json") for n in BASES},
+                "bases": {n: sha256_file(base_dir(preset, n) / "manifest.json")
+                          for n in BASES + tuple(p.name for p in THINNED)},
                 "runs": {n: sha256_file(run_dir(preset, n) / "manifest.json") for n in RUN_NAMES}}
     write_json(root(preset) / "manifest.json", manifest)
     return manifest
@@ -237,7 +265,7 @@ def table(preset: str = "tiny") -> list[dict]:
         worked_iterations = [h["iteration"] for h in history if h["think_rate"] > 0]
         documents = RunFolder(base_folder).manifest()["documents"]
         out.append({
-            "base": run.base, "run": run.name, "thinking_share": config().phase(run.base).thinking_share,
+            "base": run.base, "run": run.name, "lineage": "committed rare_2" if run.base not in RARER else "rebuilt",
             "worked_documents": documents.get("worked", 0),
             "before": report.summary_row(run.base, before), "after": report.summary_row(run.name, after),
             "think_test": report.paired_over_chains(before, after, field="thinks"),
