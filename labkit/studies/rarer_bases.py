@@ -215,8 +215,58 @@ def run_all(preset: str = "tiny", *, workers: int = 2, threads: int = 1, progres
                 print(f"rarer bases: {what} done in {seconds:.0f} s", flush=True)
         if failed:
             raise RuntimeError("rarer bases failed: " + "; ".join(failed))
+    if not (root(preset) / SKILL_TEST_FILE).is_file():
+        import torch
+
+        torch.set_num_threads(threads)
+        began = time.perf_counter()
+        skill_check(preset)
+        times["skill check"] = time.perf_counter() - began
     write_step_manifest(preset)
     return times
+
+
+# -- Do the thinned bases keep the skill they no longer show? ----------------------------------------------
+SKILL_TEST_FILE = "skill_test.json"
+
+
+def skill_check(preset: str = "tiny") -> dict:
+    """Chapter 11's skill test (`labkit.studies.skill_test`: the first step's left side written for the base, the
+    same chains, draws and seeds) for each thinned base, paired chain by chain with the committed rare_2's rows
+    (runs/<preset>/skill_test): does a base that no longer shows working still have the skill?  Writes and
+    returns runs/<preset>/rarer/skill_test.json."""
+    import torch
+
+    from ..lab.runs import write_json
+    from ..models import presets
+    from . import reasoning_report, skill_test
+
+    committed, committed_rows = skill_test.read(preset)
+    chains = thinking_base.held_out_chains(thinking_base.TEST_SEED, committed["chains_per_k"])
+    rare_2_rows = [r for r in committed_rows if r["base"] == "rare_2"]
+    out = {"draws": committed["draws"], "chains_per_k": committed["chains_per_k"],
+           "rare_2": committed["bases"]["rare_2"], "bases": {}, "against_rare_2": {}}
+    for phase in THINNED:
+        model, tokenizer = presets.load("tiny", state=base_model(preset, phase.name), device="cpu")
+        model.eval()
+        with torch.no_grad():
+            rows = skill_test.sample_forced(model, tokenizer, chains, committed["draws"])
+        out["bases"][phase.name] = skill_test.summary(rows)
+        out["against_rare_2"][phase.name] = reasoning_report.paired_over_chains(rare_2_rows, rows)
+    write_json(root(preset) / SKILL_TEST_FILE, out)
+    return out
+
+
+def read_skill_check(preset: str = "tiny") -> dict:
+    """The committed skill check, checked against the digest the step's manifest records."""
+    import json
+
+    manifest = json.loads((root(preset) / "manifest.json").read_text())
+    path = root(preset) / SKILL_TEST_FILE
+    if sha256_file(path) != manifest["skill_test_sha256"]:
+        raise ValueError(f"{path} is not the file runs/{preset}/{FOLDER}/manifest.json records: rebuild it with "
+                         "`python -m labkit rarer-bases`")
+    return json.loads(path.read_text())
 
 
 def is_built(preset: str = "tiny") -> bool:
@@ -228,7 +278,8 @@ def write_step_manifest(preset: str = "tiny") -> dict:
     manifest = {"step": FOLDER, "preset": preset,
                 "bases": {n: sha256_file(base_dir(preset, n) / "manifest.json")
                           for n in BASES + tuple(p.name for p in THINNED)},
-                "runs": {n: sha256_file(run_dir(preset, n) / "manifest.json") for n in RUN_NAMES}}
+                "runs": {n: sha256_file(run_dir(preset, n) / "manifest.json") for n in RUN_NAMES},
+                "skill_test_sha256": sha256_file(root(preset) / SKILL_TEST_FILE)}
     write_json(root(preset) / "manifest.json", manifest)
     return manifest
 
@@ -277,6 +328,14 @@ def table(preset: str = "tiny") -> list[dict]:
     return out
 
 
+def made_as(row: dict) -> str:
+    """How a row's base was made, in a few words."""
+    thinned = {p.name: p for p in THINNED}
+    if row["base"] in thinned:
+        return f"rare_2 + {thinned[row['base']].steps} direct updates"
+    return f"rebuilt, {row['worked_documents']} worked docs"
+
+
 def format_table(rows: list[dict]) -> str:
     """The study's table as text: one line per base."""
     from ..eval import paired
@@ -285,11 +344,11 @@ def format_table(rows: list[dict]) -> str:
         return paired.format_p(test["p_permutation"], at_most=paired.at_floor(test["p_permutation"],
                                                                              test["p_permutation_method"]))
 
-    lines = [f"{'base':<9} {'worked docs':>11} {'thinks before -> after':>24} {'p':>12} "
-             f"{'right before -> after':>23} {'p':>12} {'first worked iteration':>23}"]
+    lines = [f"{'base':<18} {'made as':<27} {'thinks before -> after':>22} {'p':>12} {'right before -> after':>22} "
+             f"{'p':>12} {'first worked iteration':>23}"]
     for r in rows:
         first = "-" if r["first_worked_iteration"] is None else str(r["first_worked_iteration"])
-        lines.append(f"{r['base']:<9} {r['worked_documents']:>11} {r['before']['think_rate']:>11.1%} -> "
-                     f"{r['after']['think_rate']:<8.1%} {p(r['think_test']):>12} {r['before']['accuracy']:>11.1%} -> "
+        lines.append(f"{r['base']:<18} {made_as(r):<27} {r['before']['think_rate']:>11.1%} -> "
+                     f"{r['after']['think_rate']:<7.1%} {p(r['think_test']):>12} {r['before']['accuracy']:>11.1%} -> "
                      f"{r['after']['accuracy']:<7.1%} {p(r['accuracy_test']):>12} {first:>23}")
     return "\n".join(lines)
