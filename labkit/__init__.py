@@ -33,7 +33,7 @@ equal):
     labkit.eval      evaluate, paired, agreement, difficulty, baselines, think_profile
     labkit.studies   ablations, group_size, larger_run, sweep, kl_gradients, format_base, reward_model,
                      overoptimisation, overoptimisation_summary, thinking_base, reasoning, reasoning_report,
-                     reasoning_sweep, skill_test, crossover
+                     reasoning_sweep, skill_test, crossover, rarer_bases
     labkit.book      plots, plots_ablations, plots_reasoning, knobs, narrative, exercises
 """
 

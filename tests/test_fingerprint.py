@@ -189,9 +189,9 @@ def test_a_function_added_to_every_module_changes_nothing(edited_copy, tmp_path)
     ("studies/thinking_base.py", "def run_all(", None, {"thinking"}, ["thinking", "reasoning", "skill_test", "crossover"]),
     # the clipped surrogate: every step that trains with GRPO, and what is built from them
     ("grpo/losses.py", "def clipped_surrogate(", None,
-     {"grpo", "group_size", "grpo_large", "overoptimisation", "gradient_study", "reasoning"},
+     {"grpo", "group_size", "grpo_large", "overoptimisation", "gradient_study", "reasoning", "rarer"},
      ["grpo", "evaluation", "group_size", "grpo_large", "overoptimisation", "gradient_study", "reasoning",
-      "crossover"]),
+      "crossover", "rarer"]),
 ])
 def test_a_changed_statement_makes_exactly_the_steps_that_run_it_stale(edited_copy, tmp_path, module, old, new,
                                                                        stale, rebuilt):
