@@ -85,7 +85,8 @@ notebooks-portable: $(STAMP)  ## nbval again with PyTorch's portable kernels (AT
 
 # The phases run side by side where they are independent (tests/phases.py, which prints each phase's
 # wall time, CPU time and peak memory at the end): the unit tests on both cores (pytest-xdist), then
-# nbval beside the qwen smoke and both books' builds, then the two books' browser checks.  What would
+# nbval in two halves beside the qwen smoke and both books' builds, each book then opened in headless
+# Chromium.  What would
 # hold on another CPU (nbval and the stored-value tests again under PyTorch's portable kernels) and the
 # slow fault-injection tests are `make test-slow`'s, which CI runs after this.
 test: $(STAMP)  ## unit tests, nbval over every chapter, both books and their browser check

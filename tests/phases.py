@@ -62,6 +62,13 @@ from portable import PORTABLE_FILES, PORTABLE_TESTS  # noqa: E402  (no imports o
 
 PORTABLE_PATHS = sorted(f"tests/{name}" for name in PORTABLE_FILES | set(PORTABLE_TESTS))
 STUDENT_HTML = "_build/student_src/_build/html"  # the Makefile's STUDENT_HTML
+# both books built, then both opened in headless Chromium side by side (the checks of `make browser-check`); the
+# phase fails when a build or either check fails
+BOOKS_THEN_BROWSERS = (
+    "make --no-print-directory book && make --no-print-directory student-book && "
+    f"{{ {PY} tests/browser_check.py _build/html --screenshots _build/screenshots & instructor=$!; "
+    f"{PY} tests/browser_check.py {STUDENT_HTML} --screenshots _build/screenshots/student && "
+    f"{PY} -m labkit.book.build check-student {STUDENT_HTML}; student=$?; wait $instructor && test $student -eq 0; }}")
 NOTEBOOKS = sorted(str(p.relative_to(ROOT)) for p in (ROOT / "notebooks").glob("*.ipynb"))
 NBVAL = [PY, "-m", "pytest", "-q", "--nbval", "--nbval-current-env"]
 GROUPS = [
@@ -71,15 +78,13 @@ GROUPS = [
     [("unit", [PY, "-m", "pytest", "-q", "-p", "no:nbval", "-n", UNIT_WORKERS, "--dist", "loadfile",
                "--no-loadscope-reorder", "--durations=25", "-m", "not slow", f"--ignore={SMOKE}", *LONGEST_FIRST,
                "tests"], {})],
-    # nbval over every chapter beside the smoke and the two books' builds (mostly one core each)
-    [("nbval", [*NBVAL, "notebooks"], {}),
+    # nbval in two halves (every other chapter) beside the smoke and the books, whose browser checks follow their
+    # builds in the same phase: the builds and the checks mostly wait (34 and 45 CPU seconds in 81 and 77 s of
+    # wall time on 2026-12-07), so the four phases share the two cores
+    [("nbval, first half", [*NBVAL, *NOTEBOOKS[0::2]], {}),
+     ("nbval, second half", [*NBVAL, *NOTEBOOKS[1::2]], {}),
      ("qwen smoke", [PY, "-m", "pytest", "-q", "-p", "no:nbval", SMOKE], {}),
-     ("books", ["sh", "-c", "make --no-print-directory book && make --no-print-directory student-book"], {})],
-    # the two books' browser checks (the same checks as `make browser-check`)
-    [("browser check", [PY, "tests/browser_check.py", "_build/html", "--screenshots", "_build/screenshots"], {}),
-     ("browser check, student book",
-      ["sh", "-c", f"{PY} tests/browser_check.py {STUDENT_HTML} --screenshots _build/screenshots/student && "
-                   f"{PY} -m labkit.book.build check-student {STUDENT_HTML}"], {})],
+     ("books and their browser checks", ["sh", "-c", BOOKS_THEN_BROWSERS], {})],
 ]
 # `make test-slow` (CI runs it after `make test`): what a student's machine need not run to trust its own results.
 # The tests marked `slow` (fault injection, a Dask cluster), and the checks that the stored outputs hold on other
