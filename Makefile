@@ -84,9 +84,9 @@ notebooks-portable: $(STAMP)  ## nbval again with PyTorch's portable kernels (AT
 	ATEN_CPU_CAPABILITY=default $(PY) -m pytest -q --nbval --nbval-current-env notebooks
 
 # The phases run side by side where they are independent (tests/phases.py, which prints each phase's
-# wall time, CPU time and peak memory at the end): the unit tests on both cores (pytest-xdist), then
-# nbval in two halves beside the qwen smoke and both books' builds, each book then opened in headless
-# Chromium.  What would
+# wall time, CPU time and peak memory at the end): the unit tests on both cores (pytest-xdist) beside
+# both books' builds, each book then opened in headless Chromium; then nbval in two halves beside the
+# qwen smoke.  What would
 # hold on another CPU (nbval and the stored-value tests again under PyTorch's portable kernels) and the
 # slow fault-injection tests are `make test-slow`'s, which CI runs after this.
 test: $(STAMP)  ## unit tests, nbval over every chapter, both books and their browser check

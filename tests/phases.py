@@ -73,18 +73,16 @@ NOTEBOOKS = sorted(str(p.relative_to(ROOT)) for p in (ROOT / "notebooks").glob("
 NBVAL = [PY, "-m", "pytest", "-q", "--nbval", "--nbval-current-env"]
 GROUPS = [
     [("prepare", ["make", "--no-print-directory", "setup", "mathjax", "browser"], {})],  # once, before phases share them
-    # the unit tests alone on both cores (two workers): their files are long, and a third process beside them
-    # only stretches the longest
+    # the unit tests on both cores (two workers), beside the books, whose browser checks follow their builds in
+    # the same phase: the builds and checks mostly wait (83 CPU seconds in 221 s of wall time on 2026-12-07)
     [("unit", [PY, "-m", "pytest", "-q", "-p", "no:nbval", "-n", UNIT_WORKERS, "--dist", "loadfile",
                "--no-loadscope-reorder", "--durations=25", "-m", "not slow", f"--ignore={SMOKE}", *LONGEST_FIRST,
-               "tests"], {})],
-    # nbval in two halves (every other chapter) beside the smoke and the books, whose browser checks follow their
-    # builds in the same phase: the builds and the checks mostly wait (34 and 45 CPU seconds in 81 and 77 s of
-    # wall time on 2026-12-07), so the four phases share the two cores
+               "tests"], {}),
+     ("books and their browser checks", ["sh", "-c", BOOKS_THEN_BROWSERS], {})],
+    # nbval in two halves (every other chapter) beside the smoke: three one-core processes
     [("nbval, first half", [*NBVAL, *NOTEBOOKS[0::2]], {}),
      ("nbval, second half", [*NBVAL, *NOTEBOOKS[1::2]], {}),
-     ("qwen smoke", [PY, "-m", "pytest", "-q", "-p", "no:nbval", SMOKE], {}),
-     ("books and their browser checks", ["sh", "-c", BOOKS_THEN_BROWSERS], {})],
+     ("qwen smoke", [PY, "-m", "pytest", "-q", "-p", "no:nbval", SMOKE], {})],
 ]
 # `make test-slow` (CI runs it after `make test`): what a student's machine need not run to trust its own results.
 # The tests marked `slow` (fault injection, a Dask cluster), and the checks that the stored outputs hold on other
