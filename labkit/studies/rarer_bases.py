@@ -300,7 +300,7 @@ def read_profile(folder: Path) -> list[dict]:
 def table(preset: str = "tiny") -> list[dict]:
     """One row per phase-2 base, richest first: the base's documents with working, its test profile, its GRPO
     run's (the same 200 chains x 8 draws), the paired tests over chains (working draws, right draws), the
-    iteration at which a sampled group first held a worked answer and the most that did in one iteration.
+    iteration at which a sampled group first held a worked answer and the think rate of every iteration.
     Refused while a base or run is unfinished."""
     from ..lab.runs import read_json
     from . import reasoning_report as report
@@ -316,13 +316,11 @@ def table(preset: str = "tiny") -> list[dict]:
         worked_iterations = [h["iteration"] for h in history if h["think_rate"] > 0]
         documents = RunFolder(base_folder).manifest()["documents"]
         out.append({
-            "base": run.base, "run": run.name, "lineage": "committed rare_2" if run.base not in RARER else "rebuilt",
-            "worked_documents": documents.get("worked", 0),
+            "base": run.base, "run": run.name, "worked_documents": documents.get("worked", 0),
             "before": report.summary_row(run.base, before), "after": report.summary_row(run.name, after),
             "think_test": report.paired_over_chains(before, after, field="thinks"),
             "accuracy_test": report.paired_over_chains(before, after),
             "first_worked_iteration": worked_iterations[0] if worked_iterations else None,
-            "peak_think_rate": max(h["think_rate"] for h in history),
             "think_rate_curve": [h["think_rate"] for h in history],
         })
     return out
