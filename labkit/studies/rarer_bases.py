@@ -8,7 +8,9 @@ finds working, from rare_0 it does not.  The edge lies between: this study adds 
 One lineage.  A phase-2 base continues the skill base, whose model is not committed (4 MB, ignored) and
 whose rebuild on another CPU is another model: its kernels round differently (the first logged loss of
 a rebuild on an AVX2-only EPYC, 2026-12-07: 4.68256 against the committed log's 4.68279), and 3,000
-updates carry that difference into different weights.  Bases built from such a rebuild cannot be set
+updates carry that difference into different weights.  On an AVX-512 EPYC (family 25, model 17), the
+same day, the same recipe and seed rebuilt the committed skill base byte for byte (SHA-256 0473a90e...,
+right in 85% of its validation draws at update 3,000): the kernels, not the recipe, decide.  Bases built from such a rebuild cannot be set
 beside the committed rare_2.  So the study builds its whole lineage in its own folder, runs/<preset>/rarer/:
 
 1. "skill": the thinking step's phase 1, the same recipe and seed (`thinking_base` phase "skill");
@@ -21,7 +23,8 @@ beside the committed rare_2.  So the study builds its whole lineage in its own f
 3. GRPO from each of the three with chapter 11's budget and seed (the sweep's worked runner, the lab's
    one loop), named "from_<base>", each evaluated by the same test profile (200 chains x 8 draws).
 
-On this machine the lineage's skill base never learned the skill: 3,000 updates left it right in 21.6% of its
+On the AVX2-only machine that built it, the lineage's skill base (committed: runs/tiny/rarer/skill) never
+learned the skill: 3,000 updates left it right in 21.6% of its
 test draws (the committed one: 82.5%; its skill arrived late and all at once, after update 1,600), so its rare
 working does not pay, and nothing can be selected from it.  So rarer bases are also made on the chapter's own
 lineage, from the committed rare_2 itself (its weights are committed):
