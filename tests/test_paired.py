@@ -371,3 +371,29 @@ def test_holms_adjustment_by_hand():
     assert paired.holm([0.4]) == [0.4] and paired.holm([0.5, 0.5, 0.5]) == [1.0, 1.0, 1.0]
     with pytest.raises(ValueError, match=r"holm needs p-values in \[0, 1\]"):
         paired.holm([1.5])
+
+
+def test_a_folder_is_scored_once_a_process_and_again_when_its_file_changes(tmp_path, monkeypatch):
+    """compare_policies reads, checks and scores each folder's predictions once (the results page compares one
+    policy with many); a predictions file written again is read again, and the comparison follows it."""
+    import shutil
+
+    labels = data.open_records("labels", "test", "scoring")
+    for policy in ("warm_start", "grpo"):
+        shutil.copytree(EVAL / policy, tmp_path / policy)
+    calls = []
+    original = evaluate.score_rows
+    monkeypatch.setattr(evaluate, "score_rows", lambda rows, by_id: calls.append(1) or original(rows, by_id))
+    first = paired.compare_policies(tmp_path / "warm_start", tmp_path / "grpo", labels)
+    assert len(calls) == 4  # two folders x two modes
+    assert paired.compare_policies(tmp_path / "warm_start", tmp_path / "grpo", labels, "ID50")["greedy"]["n"] == 100
+    assert len(calls) == 4  # the same files: nothing read or scored again
+    # grpo's greedy answers all made wrong: read again, and every problem it had right is lost
+    path = tmp_path / "grpo" / evaluate.PREDICTION_FILES["greedy"]
+    rows = evaluate.read_predictions(tmp_path / "grpo", "greedy")
+    with gzip.open(path, "wt", encoding="utf-8") as f:
+        f.writelines(json.dumps({**r, "text": "no answer"}) + "\n" for r in rows)
+    again = paired.compare_policies(tmp_path / "warm_start", tmp_path / "grpo", labels)
+    assert len(calls) == 5
+    assert again["greedy"]["b_correct"] == 0 and again["greedy"]["lost"] == first["greedy"]["a_correct"]
+    assert again["sample"] == first["sample"]

@@ -367,6 +367,30 @@ def subset_ids(labels: list[dict], name: str) -> set[str]:
     return {r["id"] for r in labels if name == "ALL" or r["population"] == name}
 
 
+# A page compares one policy with many (the results page: 91 comparisons of about 30 folders), so each
+# folder's predictions are read, checked and scored once per process: keyed by the file (its path, size and
+# modification time, so an edited file is read again), the problems expected and the draws.
+_SCORED: dict[tuple, list[dict]] = {}
+
+
+def _checked_and_scored(folder: Path, mode: str, expected: list[dict], draws: int) -> list[dict]:
+    """One policy's predictions of `mode`, checked complete (evaluate.check_complete) and scored
+    (evaluate.score_rows) against the `expected` labels; the rows are shared between callers: read only."""
+    import json
+
+    from . import evaluate
+
+    path = folder / evaluate.PREDICTION_FILES[mode]
+    stat = path.stat()
+    key = (str(path.resolve()), stat.st_size, stat.st_mtime_ns, draws,
+           json.dumps(expected, sort_keys=True, separators=(",", ":")))
+    if key not in _SCORED:
+        rows = evaluate.read_predictions(folder, mode)
+        evaluate.check_complete(rows, [r["id"] for r in expected], draws, mode, f"{folder.name}/{mode}")
+        _SCORED[key] = evaluate.score_rows(rows, {r["id"]: r for r in expected})
+    return _SCORED[key]
+
+
 def compare_policies(a_dir: str | Path, b_dir: str | Path, labels: list[dict], subset: str | None = None,
                      names: tuple[str, str] | None = None) -> dict:
     """{"greedy": compare_greedy, "sample": compare_sampled} of two evaluated policies (B = b_dir against A).
@@ -391,10 +415,7 @@ def compare_policies(a_dir: str | Path, b_dir: str | Path, labels: list[dict], s
     scored = {}
     for mode in evaluate.MODES:
         for d, manifest in zip((a_dir, b_dir), manifests):
-            expected = evaluate.select_problems(labels, manifest["limit"])
-            rows = evaluate.read_predictions(d, mode)
-            evaluate.check_complete(rows, [r["id"] for r in expected], draws, mode, f"{d.name}/{mode}")
-            rows = evaluate.score_rows(rows, {r["id"]: r for r in expected})
+            rows = _checked_and_scored(d, mode, evaluate.select_problems(labels, manifest["limit"]), draws)
             scored[(d, mode)] = [r for r in rows if r["problem_id"] in keep]
     names = names or (a_dir.name, b_dir.name)
     return {"greedy": compare_greedy(scored[(a_dir, "greedy")], scored[(b_dir, "greedy")], names),
