@@ -453,8 +453,16 @@ def cmd_sweep(args: argparse.Namespace) -> int:
                        settings=sweep.load_settings(sweep_file), root=sweep.sweep_root(sweep_file, args.preset),
                        task=sweep.load_task(sweep_file))
     if args.plan:
+        from .lab.cache import damaged_in
+        from .lab.runs import display_path
+
         for s in specs:
-            print(f"{s['name']:<28} {Path(s['folder']).name:<44} {'finished' if sweep._done(s) else 'to run'}")
+            damaged = damaged_in(Path(s["folder"])) if sweep._done(s) else []
+            status = ("to run" if not sweep._done(s) else "finished" if not damaged else
+                      f"damaged: {display_path(damaged[0])} is not the file its manifest records "
+                      f"({len(damaged)} in all): `git checkout -- {display_path(damaged[0])}`, or delete the "
+                      "run's folder to train it again")
+            print(f"{s['name']:<28} {Path(s['folder']).name:<44} {status}")
         return 0
     began = time.perf_counter()
     done = sweep.run_sweep(specs, workers=args.workers, scheduler=args.scheduler)

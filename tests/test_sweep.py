@@ -271,3 +271,29 @@ def test_a_sweep_file_may_ask_for_gzipped_results(tmp_path):
     (tmp_path / "odd.json").write_text('{"compress_results": "yes", "runs": [{"name": "a", "options": {}}]}')
     with pytest.raises(ValueError, match="compress_results 'yes': expected true or false"):
         sweep.results_file(tmp_path / "odd.json")
+
+
+def test_the_plan_names_a_finished_run_whose_file_was_damaged(tmp_path, monkeypatch, capsys):
+    """`sweep FILE --plan` checks each finished run's files against its manifest: an edited history is named,
+    with the two ways out, and the run is not listed as finished."""
+    import shutil
+
+    from labkit import cli
+
+    committed = sweep.REPO_ROOT / "runs" / "tiny" / "sweep"
+    original = sweep.preset_folder
+    monkeypatch.setattr(sweep, "preset_folder",
+                        lambda preset, *parts: tmp_path.joinpath(*parts) if parts[:1] == ("sweep",)
+                        else original(preset, *parts))
+    name = next(Path(s["folder"]).name for s in sweep.plan("tiny", sweep.load_runs(sweep.DEFAULT_FILE),
+                                                            root=committed) if s["name"] == "no_kl")
+    shutil.copytree(committed / name, tmp_path / "sweep" / name)
+    assert cli.main(["sweep", str(sweep.DEFAULT_FILE), "--plan"]) == 0
+    assert any(line.startswith("no_kl ") and line.endswith(" finished") for line in capsys.readouterr().out.splitlines())
+    with open(tmp_path / "sweep" / name / "history.json", "a") as f:
+        f.write(" ")
+    assert cli.main(["sweep", str(sweep.DEFAULT_FILE), "--plan"]) == 0
+    line = next(line for line in capsys.readouterr().out.splitlines() if line.startswith("no_kl "))
+    assert line.endswith(f"damaged: {tmp_path / 'sweep' / name / 'history.json'} is not the file its manifest "
+                         f"records (1 in all): `git checkout -- {tmp_path / 'sweep' / name / 'history.json'}`, or "
+                         "delete the run's folder to train it again")

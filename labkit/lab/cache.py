@@ -108,24 +108,32 @@ def damaged_files(step: CacheStep, preset: str) -> list[str]:
     """The files of `step`'s finished runs that differ from the SHA-256 their run's manifest records (a
     manifest that differs from its FINISHED marker's record included), as "runs/<preset>/..."; a local
     file that is absent (a model a clone does not have) is not damaged."""
-    root, out = runs_dir(preset), []
-    for rel in (step.folder, *step.outputs):
-        if not (root / rel).is_dir():
+    root = runs_dir(preset)
+    return [f"runs/{preset}/{path.relative_to(root)}"  # as `file_digests` names them
+            for rel in (step.folder, *step.outputs) for path in damaged_in(root / rel)]
+
+
+def damaged_in(top: Path) -> list[Path]:
+    """The files of the finished runs in folder `top` and below that differ from the SHA-256 their run's
+    manifest records, and the manifests that differ from their FINISHED marker's record; a file that is
+    absent (a model a clone does not have) is not damaged.  [] where `top` is not a folder."""
+    out = []
+    if not top.is_dir():
+        return out
+    for marker in sorted(top.rglob(FINISHED_MARKER)):
+        folder = marker.parent
+        try:
+            check_manifest(folder)
+        except ArtifactError:
+            out.append(folder / MANIFEST_FILE)
             continue
-        for marker in sorted((root / rel).rglob(FINISHED_MARKER)):
-            folder = marker.parent
-            try:
-                check_manifest(folder)
-            except ArtifactError:
-                out.append(f"runs/{preset}/{(folder / MANIFEST_FILE).relative_to(root)}")
-                continue
-            if not (folder / MANIFEST_FILE).is_file():
-                continue
-            ledger = read_json(folder / MANIFEST_FILE).get("ledger", {})
-            for name, entry in sorted({**ledger.get("parts", {}), **ledger.get("files", {})}.items()):
-                path = folder / name
-                if path.is_file() and sha256_file(path) != entry["sha256"]:
-                    out.append(f"runs/{preset}/{path.relative_to(root)}")  # as `file_digests` names it
+        if not (folder / MANIFEST_FILE).is_file():
+            continue
+        ledger = read_json(folder / MANIFEST_FILE).get("ledger", {})
+        for name, entry in sorted({**ledger.get("parts", {}), **ledger.get("files", {})}.items()):
+            path = folder / name
+            if path.is_file() and sha256_file(path) != entry["sha256"]:
+                out.append(path)
     return out
 
 
