@@ -10,8 +10,8 @@ whose rebuild on another CPU is another model: its kernels round differently (th
 a rebuild on an AVX2-only EPYC, 2026-12-07: 4.68256 against the committed log's 4.68279), and 3,000
 updates carry that difference into different weights.  On an AVX-512 EPYC (family 25, model 17), the
 same day, the same recipe and seed rebuilt the committed skill base byte for byte (SHA-256 0473a90e...,
-right in 85% of its validation draws at update 3,000): the kernels, not the recipe, decide.  Bases built from such a rebuild cannot be set
-beside the committed rare_2.  So the study builds its whole lineage in its own folder, runs/<preset>/rarer/:
+right in 85% of its validation draws at update 3,000): the kernels, not the recipe, decide.  Bases built
+from such a rebuild cannot be set beside the committed rare_2.  So the study builds its whole lineage in its own folder, runs/<preset>/rarer/:
 
 1. "skill": the thinking step's phase 1, the same recipe and seed (`thinking_base` phase "skill");
 2. "rare_2", "rare_1", "rare_0p5": the thinking step's phase 2 from that skill base, with working in 2%,
