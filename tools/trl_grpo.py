@@ -6,7 +6,7 @@ TRL is never a dependency of the lab: this script runs in a scratch environment 
 
     python -m venv /tmp/trl
     /tmp/trl/bin/pip install torch==2.13.0 'trl==1.16.*' transformers==<the lab's, from requirements.txt>
-    PYTHONPATH=. /tmp/trl/bin/python tools/trl_grpo.py [--iterations 6] [--rounds 2] [--threads 1]
+    PYTHONPATH=. /tmp/trl/bin/python tools/trl_grpo.py [--iterations 6] [--rounds 2] [--threads 1] [--worked]
 
 and prints, for each set-up, the seconds of each rollout set (sampling + both updates) after the first
 (warm-up) one, and their median.  Both start from the committed tiny warm start and use the protocol's
@@ -18,6 +18,11 @@ response limit, temperature 1 with the full distribution (top_k 0, top_p 1), two
 rollout set (TRL's num_iterations = 2), beta, epsilon, AdamW's rate, weight decay and grad clip, fp32,
 one torch thread.  What differs by design: TRL samples with transformers' `generate()` and recomputes
 the old log-probs with a forward of its own (num_iterations > 1), where the lab records them at sampling.
+
+--worked: chapter 11's iteration instead (16 worked prompts x G = 8, at most 160 new tokens, its rate), from
+the thinking step's skill base (local: `python -m labkit cache fill --steps thinking --runs skill`), rewarded
+by `worked.score_worked`; the lab's set-up is chapter 11's own (`reasoning.new_loop`: the static sampler,
+bucketed shared-prompt scoring).
 """
 
 from __future__ import annotations
@@ -26,6 +31,30 @@ import argparse
 import statistics
 import tempfile
 import time
+
+
+def lab_worked_iterations(iterations: int) -> list[float]:
+    """Seconds of each of `iterations` iterations of chapter 11's loop from the skill base, in memory."""
+    from labkit.config import ReasoningConfig
+    from labkit.grpo import core
+    from labkit.studies import reasoning
+
+    loop = reasoning.new_loop(reasoning.get_run("from_rare_2"), ReasoningConfig(), skill_base())
+    seconds = []
+    for i in range(iterations):
+        t = time.perf_counter()
+        core.run_iteration(loop, i, reasoning.SAMPLER)
+        seconds.append(time.perf_counter() - t)
+    return seconds
+
+
+def skill_base():
+    from labkit.studies import thinking_base
+
+    path = thinking_base.default_run_dir("tiny", "skill") / thinking_base.MODEL_FILE
+    if not path.is_file():
+        raise SystemExit(f"--worked: {path} is not here; `python -m labkit cache fill --steps thinking --runs skill`")
+    return path
 
 
 def lab_iterations(iterations: int, sampler: str, shared: bool) -> list[float]:
@@ -46,29 +75,62 @@ def lab_iterations(iterations: int, sampler: str, shared: bool) -> list[float]:
     return seconds
 
 
-def trl_iterations(iterations: int) -> list[float]:
-    """Seconds of each of `iterations` rollout sets of TRL's GRPOTrainer (generation + two steps)."""
+def lab_order(loop, iterations: int) -> list[dict]:
+    """The prompts the lab's loop draws in its first `iterations` iterations, in order (TRL gets the same ones:
+    chapter 11's pool is ordered by chain length, so its first prompts would be its shortest)."""
+    from labkit.grpo import core
+
+    return [p for _ in range(iterations) for p in core.draw_prompts(loop)[0]]
+
+
+def trl_iterations(iterations: int, worked_task: bool = False) -> list[float]:
+    """Seconds of each of `iterations` rollout sets of TRL's GRPOTrainer (generation + two steps); worked_task:
+    chapter 11's prompts, budget and verifier from the skill base."""
     import torch
     from datasets import Dataset
     from transformers import TrainerCallback
     from trl import GRPOConfig, GRPOTrainer
 
     from labkit.config import TINY
-    from labkit.grpo import core
+    from labkit.grpo import variants
+    from labkit.grpo.loop import start_loop
     from labkit.models import presets
     from labkit.task import verifier
     from labkit.task.problems import FORMAT_INSTRUCTION
 
-    start_file = presets.REPO_ROOT / "runs" / "tiny" / "warm_start" / "model.safetensors"
-    model, tokenizer = presets.load("tiny", state=start_file, device="cpu")
-    pool = core.load_pool()[: TINY.prompts_per_iteration * iterations]
-    problems = {r["statement"] + "\n" + FORMAT_INSTRUCTION: r["problem"] for r in pool}
+    config = TINY
+    if worked_task:
+        from labkit.config import ReasoningConfig
+        from labkit.eval import think_profile
+        from labkit.studies import reasoning
+        from labkit.task import worked
+
+        config = reasoning.preset_config(ReasoningConfig())
+        model, tokenizer = presets.load("tiny", state=skill_base(), device="cpu")
+        chains = lab_order(reasoning.new_loop(reasoning.get_run("from_rare_2"), ReasoningConfig(), skill_base()),
+                           iterations)
+        problems = {c["problem"].statement(think_profile.ITEM) + "\n" + worked.WORKED_INSTRUCTION: c["problem"]
+                    for c in chains}  # the text of `think_profile.worked_prompt_ids`'s user turn
+        outcome = reasoning.REWARDS["outcome"]
+
+        def reward_of(text, finish, chain):
+            return outcome(worked.score_worked(text, finish, chain), chain)
+        G = ReasoningConfig().G
+    else:
+        start_file = presets.REPO_ROOT / "runs" / "tiny" / "warm_start" / "model.safetensors"
+        model, tokenizer = presets.load("tiny", state=start_file, device="cpu")
+        pool = lab_order(start_loop(TINY, TINY.G, iterations, start_file, "static", "cpu",
+                                    variants.resolve(variants.Variant(), TINY)), iterations)
+        problems = {r["statement"] + "\n" + FORMAT_INSTRUCTION: r["problem"] for r in pool}
+
+        def reward_of(text, finish, problem):
+            return verifier.score(text, finish, problem).reward
+        G = config.G
     dataset = Dataset.from_list([{"prompt": [{"role": "user", "content": text}]} for text in problems])
 
     def reward(prompts, completions, completion_ids, **_):
-        finish = ["length" if len(ids) >= TINY.max_new_tokens else "eos" for ids in completion_ids]
-        return [float(verifier.score(c[0]["content"], f, problems[p[0]["content"]]).reward)
-                for p, c, f in zip(prompts, completions, finish)]
+        finish = ["length" if len(ids) >= config.max_new_tokens else "eos" for ids in completion_ids]
+        return [float(reward_of(c[0]["content"], f, problems[p[0]["content"]])) for p, c, f in zip(prompts, completions, finish)]
 
     stamps = []
 
@@ -83,21 +145,21 @@ def trl_iterations(iterations: int) -> list[float]:
         model.config.attention_dropout = 0.0
         model.save_pretrained(f"{out}/warm_start")
         tokenizer.save_pretrained(f"{out}/warm_start")
-        config = GRPOConfig(
+        trl_config = GRPOConfig(
             model_init_kwargs={"attn_implementation": "eager", "dtype": torch.float32},
             output_dir=out, use_cpu=True, report_to=[], save_strategy="no", logging_steps=10**6,
-            per_device_train_batch_size=TINY.prompts_per_iteration * TINY.G, num_generations=TINY.G,
-            gradient_accumulation_steps=1, num_iterations=TINY.updates_per_iteration,
-            max_steps=iterations * TINY.updates_per_iteration, max_completion_length=TINY.max_new_tokens,
-            temperature=1.0, top_k=0, top_p=1.0, beta=TINY.kl_coef, epsilon=TINY.clip_eps, loss_type="grpo",
-            learning_rate=TINY.grpo_lr, weight_decay=TINY.grpo_weight_decay, max_grad_norm=TINY.grad_clip,
-            lr_scheduler_type="linear", warmup_steps=TINY.warmup_fraction, shuffle_dataset=False,
-            dataloader_num_workers=0, disable_tqdm=True, disable_dropout=True, seed=TINY.seed)
-        trainer = GRPOTrainer(model=f"{out}/warm_start", reward_funcs=reward, args=config, train_dataset=dataset,
+            per_device_train_batch_size=config.prompts_per_iteration * G, num_generations=G,
+            gradient_accumulation_steps=1, num_iterations=config.updates_per_iteration,
+            max_steps=iterations * config.updates_per_iteration, max_completion_length=config.max_new_tokens,
+            temperature=1.0, top_k=0, top_p=1.0, beta=config.kl_coef, epsilon=config.clip_eps, loss_type="grpo",
+            learning_rate=config.grpo_lr, weight_decay=config.grpo_weight_decay, max_grad_norm=config.grad_clip,
+            lr_scheduler_type="linear", warmup_steps=config.warmup_fraction, shuffle_dataset=False,
+            dataloader_num_workers=0, disable_tqdm=True, disable_dropout=True, seed=config.seed)
+        trainer = GRPOTrainer(model=f"{out}/warm_start", reward_funcs=reward, args=trl_config, train_dataset=dataset,
                               processing_class=tokenizer, callbacks=[Clock()])
         began = time.perf_counter()
         trainer.train()
-    ends = [began] + stamps[TINY.updates_per_iteration - 1:: TINY.updates_per_iteration]
+    ends = [began] + stamps[config.updates_per_iteration - 1:: config.updates_per_iteration]
     return [b - a for a, b in zip(ends, ends[1:])]
 
 
@@ -106,6 +168,8 @@ def main() -> int:
     parser.add_argument("--iterations", type=int, default=6, help="rollout sets per set-up and round (default: 6)")
     parser.add_argument("--rounds", type=int, default=2, help="rounds of all set-ups, alternating (default: 2)")
     parser.add_argument("--threads", type=int, default=1, help="torch threads (default: 1)")
+    parser.add_argument("--worked", action="store_true",
+                        help="chapter 11's worked-answer iteration from the skill base instead of the protocol's")
     args = parser.parse_args()
     if args.iterations < 2 or args.rounds < 1 or args.threads < 1:
         parser.error("--iterations >= 2 (the first is warm-up), --rounds >= 1, --threads >= 1")
@@ -114,9 +178,12 @@ def main() -> int:
     import trl
 
     torch.set_num_threads(args.threads)
-    setups = {"TRL GRPOTrainer": lambda: trl_iterations(args.iterations),
-              "lab, default (reference sampler, plain scoring)": lambda: lab_iterations(args.iterations, "reference", False),
-              "lab, static sampler, shared scoring": lambda: lab_iterations(args.iterations, "static", True)}
+    setups = ({"TRL GRPOTrainer": lambda: trl_iterations(args.iterations, worked_task=True),
+               "lab, chapter 11's loop": lambda: lab_worked_iterations(args.iterations)} if args.worked else
+              {"TRL GRPOTrainer": lambda: trl_iterations(args.iterations),
+               "lab, default (reference sampler, plain scoring)": lambda: lab_iterations(args.iterations, "reference",
+                                                                                         False),
+               "lab, static sampler, shared scoring": lambda: lab_iterations(args.iterations, "static", True)})
     print(f"torch {torch.__version__}, transformers {transformers.__version__}, trl {trl.__version__}; "
           f"{torch.get_num_threads()} thread(s); {args.iterations} rollout sets a round (the first is warm-up)")
     seen = {name: [] for name in setups}
