@@ -9,8 +9,8 @@ TRL is never a dependency of the lab: this script runs in a scratch environment 
     PYTHONPATH=. /tmp/trl/bin/python tools/trl_grpo.py [--iterations 6] [--rounds 2] [--threads 1] [--worked]
 
 and prints, for each set-up, the seconds of each rollout set (sampling + both updates) after the first
-(warm-up) one, and their median.  Both start from the committed tiny warm start and use the protocol's
-prompts (the pool's chat-formatted statements) and its verifier as the reward.  The set-ups alternate
+(warm-up) one, and their median.  Both start from the committed tiny warm start, with the prompts the lab's
+loop draws, in its order (`lab_order`), and the protocol's verifier as the reward.  The set-ups alternate
 over `--rounds`, so that a change in the machine's load hits them alike; nothing here is asserted.
 
 What is the same: the model, the prompts' token ids (TRL applies the same chat template), P x G, the
@@ -49,6 +49,7 @@ def lab_worked_iterations(iterations: int) -> list[float]:
 
 
 def skill_base():
+    """The thinking step's skill base (a local file), or an exit naming the command that rebuilds it."""
     from labkit.studies import thinking_base
 
     path = thinking_base.default_run_dir("tiny", "skill") / thinking_base.MODEL_FILE
