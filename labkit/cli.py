@@ -457,8 +457,9 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         from .lab.runs import display_path
 
         for s in specs:
-            damaged = damaged_in(Path(s["folder"])) if sweep._done(s) else []
-            status = ("to run" if not sweep._done(s) else "finished" if not damaged else
+            done = sweep._done(s)
+            damaged = damaged_in(Path(s["folder"])) if done else []
+            status = ("to run" if not done else "finished" if not damaged else
                       f"damaged: {display_path(damaged[0])} is not the file its manifest records "
                       f"({len(damaged)} in all): `git checkout -- {display_path(damaged[0])}`, or delete the "
                       "run's folder to train it again")

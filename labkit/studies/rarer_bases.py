@@ -11,7 +11,8 @@ a rebuild on an AVX2-only EPYC, 2026-12-07: 4.68256 against the committed log's 
 updates carry that difference into different weights.  On an AVX-512 EPYC (family 25, model 17), the
 same day, the same recipe and seed rebuilt the committed skill base byte for byte (SHA-256 0473a90e...,
 right in 85% of its validation draws at update 3,000): the kernels, not the recipe, decide.  Bases built
-from such a rebuild cannot be set beside the committed rare_2.  So the study builds its whole lineage in its own folder, runs/<preset>/rarer/:
+from such a rebuild cannot be set beside the committed rare_2.  So the study builds its whole lineage in its
+own folder, runs/<preset>/rarer/:
 
 1. "skill": the thinking step's phase 1, the same recipe and seed (`thinking_base` phase "skill");
 2. "rare_2", "rare_1", "rare_0p5": the thinking step's phase 2 from that skill base, with working in 2%,
@@ -24,9 +25,9 @@ from such a rebuild cannot be set beside the committed rare_2.  So the study bui
    one loop), named "from_<base>", each evaluated by the same test profile (200 chains x 8 draws).
 
 On the AVX2-only machine that built it, the lineage's skill base (committed: runs/tiny/rarer/skill) never
-learned the skill: 3,000 updates left it right in 21.6% of its
-test draws (the committed one: 82.5%; its skill arrived late and all at once, after update 1,600), so its rare
-working does not pay, and nothing can be selected from it.  So rarer bases are also made on the chapter's own
+learned the skill: 3,000 updates left it right in 21.6% of its test draws (the committed one: 82.5%; its skill
+arrived late and all at once, after update 1,600), so its rare working does not pay, and nothing can be
+selected from it.  So rarer bases are also made on the chapter's own
 lineage, from the committed rare_2 itself (its weights are committed):
 
 4. "rare_2_direct_50", "rare_2_direct_150": rare_2, then 50 or 150 more updates of phase 2's documents with no
